@@ -1,0 +1,50 @@
+"""autograd-guard: a run-time safety net for gradients in differentiable 3D pipelines.
+
+The ``autograd_guard.pth`` file imports this package at interpreter start when
+``AUTOGRAD_GUARD`` is set, so it has no module-level imports: everything is loaded
+on first use.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from autograd_guard._policy import Policy
+
+__version__ = "0.1.0"
+__all__ = ["GuardError", "PolicyError", "__version__", "install", "status", "uninstall"]
+
+
+def install(policy: Policy | str | dict[str, Any] | None = None) -> None:
+    """Start guarding this process.
+
+    ``policy`` is a path to a TOML file, the name of a shipped preset, a dict in the
+    policy schema, or None to discover the policy as the auto-load does.
+    """
+    from autograd_guard import _engine
+
+    _engine.install(policy)
+
+
+def uninstall() -> None:
+    """Stop guarding and restore every object that was patched."""
+    from autograd_guard import _engine
+
+    _engine.uninstall()
+
+
+def status() -> dict[str, Any]:
+    """What is guarded, under which policy, and what the guards have done so far."""
+    from autograd_guard import _engine
+
+    return _engine.status()
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("GuardError", "PolicyError"):
+        from autograd_guard import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module 'autograd_guard' has no attribute {name!r}")

@@ -1,0 +1,71 @@
+"""Interpreter start-up: run by ``autograd_guard.pth`` only when ``AUTOGRAD_GUARD`` is set.
+
+Imports nothing beyond what ``site`` already has loaded. The real work waits until
+``sitecustomize``/``usercustomize`` have run, so that ``sys.path`` is complete, as
+autowrapt does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+OFF_VALUES = frozenset({"", "0", "off", "false", "no"})
+
+_started = False
+
+
+def requested(environ: os._Environ[str] | dict[str, str] = os.environ) -> bool:
+    """True when the environment asks for the guard."""
+    return environ.get("AUTOGRAD_GUARD", "").strip().lower() not in OFF_VALUES
+
+
+def bootstrap() -> None:
+    """Start the guard once per process, however many times the ``.pth`` is processed."""
+    global _started
+    if _started:
+        return
+    _started = True
+    site = sys.modules.get("site")
+    if site is not None and _inside_site_main(site):
+        _run_after_customize(site)
+    else:
+        start()
+
+
+def start() -> None:
+    """Install from the environment; never let a failure here stop the interpreter."""
+    try:
+        from autograd_guard import _engine
+
+        _engine.install_from_environment()
+    except SystemExit:
+        raise  # a broken policy under strict mode stops the program on purpose
+    except BaseException as exc:  # noqa: BLE001 - start-up must never crash the host
+        sys.stderr.write(f"autograd-guard: not started, running unguarded: {exc!r}\n")
+
+
+def _inside_site_main(site: object) -> bool:
+    main_code = getattr(getattr(site, "main", None), "__code__", None)
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is main_code:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _run_after_customize(site: object) -> None:
+    # site.main() calls execusercustomize() last when the user site is on, else
+    # execsitecustomize(); both are looked up as module globals, so wrapping works.
+    name = "execusercustomize" if getattr(site, "ENABLE_USER_SITE", False) else "execsitecustomize"
+    original = getattr(site, name)
+
+    def run_customize_then_start() -> None:
+        setattr(site, name, original)
+        try:
+            original()
+        finally:
+            start()
+
+    setattr(site, name, run_customize_then_start)

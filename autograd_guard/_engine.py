@@ -1,0 +1,150 @@
+"""Install and uninstall the guards: policy, post-import hooks, patches, status."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from autograd_guard import _events, _importer, _patching, _policy
+from autograd_guard.errors import PolicyError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from types import ModuleType
+    from typing import Any
+
+    from autograd_guard._guard import Guard, Target
+    from autograd_guard._policy import Policy
+
+_lock = threading.RLock()
+_policy_in_force: Policy | None = None
+_guards: list[Guard] = []
+_error: str | None = None
+
+
+def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
+    """Load the policy and hook every enabled guard's targets; replaces an earlier install.
+
+    Raises PolicyError for an invalid policy (the auto-load catches it).
+    """
+    from autograd_guard.guards import available
+
+    global _policy_in_force, _error
+    with _lock:
+        uninstall()
+        guard_classes = available()
+        if isinstance(policy, _policy.Policy):
+            loaded = policy
+        else:
+            loaded = _policy.load(policy, guard_classes)
+        _events.configure(loaded.log)
+        _events.reset()
+        _policy_in_force, _error = loaded, None
+        for guard_class in guard_classes:
+            guard = guard_class(loaded)
+            _guards.append(guard)
+            if guard.mode == "off":
+                guard.state = "off"
+                continue
+            for target in guard.watch():
+                late = target.module in sys.modules
+                _importer.when_imported(target.module, _attach_hook(guard, target, late))
+
+
+def _attach_hook(guard: Guard, target: Target, late: bool) -> Callable[[ModuleType], None]:
+    first = [late]
+
+    def attach(module: ModuleType) -> None:
+        # Runs inside the user's import: an exception here would break that import.
+        try:
+            guard.attach(module, target, first[0])
+        except Exception as exc:  # noqa: BLE001 - fail open
+            guard.state = f"error: {exc!r}"
+            guard.fail("patch", exc)
+        first[0] = True  # a reload: old references may be about
+
+    return attach
+
+
+def uninstall() -> None:
+    """Unhook, restore every patched object, and keep the event counts for the summary."""
+    global _policy_in_force
+    with _lock:
+        _importer.clear()
+        for guard in _guards:
+            guard.active = False
+        skipped = _patching.undo_all()
+        for place in skipped:
+            sys.stderr.write(f"autograd-guard: {place} was re-patched by someone else; "
+                             "left as it is\n")
+        _guards.clear()
+        _policy_in_force = None
+
+
+def install_from_environment(environ: Mapping[str, str] | None = None) -> None:
+    """The auto-load: install, and on an invalid policy run unguarded (strict: stop)."""
+    global _error
+    environ = os.environ if environ is None else environ
+    try:
+        install(None)
+    except PolicyError as exc:
+        _error = str(exc)
+        if declared_mode(environ) == "strict":
+            raise SystemExit(f"autograd-guard: invalid policy: {exc}") from None
+        _events.configure(environ.get("AUTOGRAD_GUARD_LOG", "").strip() or None)
+        _events.emit("invalid policy; running unguarded", guard="autograd_guard",
+                     action="disabled", callsite=exc.source, level="error", error=str(exc),
+                     remedy="Run 'autograd-guard check' and fix the key it names.")
+
+
+def declared_mode(environ: Mapping[str, str]) -> str | None:
+    """Best guess at the intended mode when the policy itself could not be loaded."""
+    value = environ.get("AUTOGRAD_GUARD", "").strip().lower()
+    if value in _policy.MODES:
+        return value
+    if environ.get("AUTOGRAD_GUARD_POLICY", "").strip() == "strict":
+        return "strict"
+    try:
+        description, path, is_pyproject = _policy.discover(environ, _cwd())
+        mode = _policy.read_toml(description, path, is_pyproject).get("mode")
+        return mode if isinstance(mode, str) else None
+    except Exception:  # noqa: BLE001 - only a hint
+        return None
+
+
+def _cwd() -> Any:
+    from pathlib import Path
+
+    return Path.cwd()
+
+
+def status() -> dict[str, Any]:
+    with _lock:
+        policy = _policy_in_force
+        return {
+            "installed": policy is not None,
+            "policy": policy.source if policy else None,
+            "mode": (policy.env_mode or policy.mode) if policy else None,
+            "log": _events.destination(),
+            "error": _error,
+            "watching": _importer.watched(),
+            "guards": {
+                g.name: {
+                    "mode": g.mode,
+                    "distribution": g.distribution,
+                    "version": g.version,
+                    "affected": g.affected or "all versions",
+                    "state": g.state,
+                    "patched": list(g.places),
+                }
+                for g in _guards
+            },
+            "events": _events.summary(),
+        }
+
+
+def guards() -> list[Guard]:
+    with _lock:
+        return list(_guards)

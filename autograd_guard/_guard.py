@@ -1,0 +1,268 @@
+"""The contract every guard follows, and the fail-open wrapper the engine puts around it.
+
+A guard is a class that reads as the bug report it answers::
+
+    class MyGuard(Guard):
+        name = "my_guard"
+        distribution = "some-lib"            # whose installed version gates the guard
+        affected = ">=1.3,<1.6"              # packaging specifier; "" means every version
+        symptom = "..."; upstream = "https://..."; remedy = "one sentence"
+        targets = (Target("somelib.mod", "func", aliases=("somelib:func",)),)
+
+        def risky(self, instance, args, kwargs) -> bool: ...   # cheap check, every call
+        def handle(self, call) -> Any: ...                      # only for risky calls
+
+``handle`` runs the library through ``call.proceed()`` and asks ``self.intervene()``
+before changing anything: that logs the event, raises in ``strict`` and returns
+whether to apply the fix. Any error of the guard's own falls back to the library's
+own behaviour; the library's and the user's exceptions pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from autograd_guard import _events, _patching, _versions
+from autograd_guard._policy import Option
+from autograd_guard.errors import GuardError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from types import FrameType, ModuleType
+    from typing import Any, ClassVar
+
+    from autograd_guard._policy import Policy
+
+__all__ = ["Call", "Guard", "GuardError", "Option", "Target"]
+
+_OWN_DIRS: tuple[str, ...] = (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+
+
+def _wrapt_dir() -> str:
+    import wrapt
+
+    return os.path.dirname(os.path.abspath(wrapt.__file__)) + os.sep
+
+
+class Target:
+    """A callable to wrap: ``module`` defines ``qualname``; ``aliases`` re-export it."""
+
+    __slots__ = ("aliases", "module", "qualname")
+
+    def __init__(self, module: str, qualname: str, aliases: Iterable[str] = ()) -> None:
+        self.module = module
+        self.qualname = qualname
+        self.aliases = tuple(aliases)
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.qualname}"
+
+    def __repr__(self) -> str:
+        return f"Target({str(self)!r})"
+
+
+class Call:
+    """One risky call in progress: its arguments, the original, and what the original did."""
+
+    __slots__ = ("args", "entered", "has_result", "instance", "kwargs", "library_error",
+                 "result", "target", "wrapped", "_callsite")
+
+    def __init__(self, target: Target, wrapped: Callable[..., Any], instance: Any,
+                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.target = target
+        self.wrapped = wrapped
+        self.instance = instance
+        self.args = args
+        self.kwargs = kwargs
+        self.entered = False
+        self.has_result = False
+        self.result: Any = None
+        self.library_error: BaseException | None = None
+        self._callsite: str | None = None
+
+    def proceed(self, args: tuple[Any, ...] | None = None,
+                kwargs: dict[str, Any] | None = None) -> Any:
+        """Run the original callable (with these arguments, if given)."""
+        self.entered = True
+        try:
+            result = self.wrapped(*(self.args if args is None else args),
+                                  **(self.kwargs if kwargs is None else kwargs))
+        except BaseException as exc:
+            self.library_error = exc
+            raise
+        self.has_result = True
+        self.result = result
+        return result
+
+    def argument(self, name: str, position: int, default: Any = None) -> Any:
+        """An argument passed by keyword ``name`` or at ``position``."""
+        if name in self.kwargs:
+            return self.kwargs[name]
+        if 0 <= position < len(self.args):
+            return self.args[position]
+        return default
+
+    @property
+    def callsite(self) -> str:
+        if self._callsite is None:
+            self._callsite = find_callsite(self.target.module.partition(".")[0])
+        return self._callsite
+
+
+def find_callsite(library: str = "") -> str:
+    """``file:line`` of the nearest caller outside autograd-guard, wrapt and ``library``."""
+    global _OWN_DIRS
+    if len(_OWN_DIRS) == 1:
+        _OWN_DIRS = (*_OWN_DIRS, _wrapt_dir())
+    frame: FrameType | None = sys._getframe(1)
+    fallback = None
+    prefix = library + "."
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_OWN_DIRS):
+            module = frame.f_globals.get("__name__", "")
+            if not library or (module != library and not module.startswith(prefix)):
+                return f"{filename}:{frame.f_lineno}"
+            if fallback is None:
+                fallback = f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return fallback or "<unknown>"
+
+
+class Guard:
+    """Base class of every guard. Subclasses declare the class attributes and ``handle``."""
+
+    name: ClassVar[str] = ""
+    distribution: ClassVar[str | None] = None
+    affected: ClassVar[str] = ""
+    symptom: ClassVar[str] = ""
+    upstream: ClassVar[str] = ""
+    remedy: ClassVar[str] = ""
+    targets: ClassVar[tuple[Target, ...]] = ()
+    options: ClassVar[dict[str, Option]] = {}
+    rule_action: ClassVar[str] = ""
+    rule_options: ClassVar[dict[str, Option]] = {}
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.mode = policy.mode_for(self.name)
+        self.forced = policy.guards[self.name].force
+        self.config: dict[str, Any] = policy.guards[self.name].options
+        self.active = True
+        self.version: str | None = None
+        self.state = "waiting for import"
+        self.places: list[str] = []
+        self._wrappers: dict[str, Callable[..., Any]] = {}
+        self._lock = threading.Lock()
+
+    # -- what subclasses override ----------------------------------------------------
+
+    def watch(self) -> Iterable[Target]:
+        """The callables to wrap (the declared ``targets`` unless a guard computes them)."""
+        return self.targets
+
+    def needed(self) -> bool:
+        """Whether to patch at all: the installed version is affected, or the policy forces it."""
+        if self.forced or not self.distribution:
+            return True
+        return _versions.is_affected(self.version, self.affected)
+
+    def risky(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """A cheap test run on every call; False lets the call through untouched."""
+        return True
+
+    def handle(self, call: Call) -> Any:
+        """Deal with a risky call. Must run the library through ``call.proceed()``."""
+        return call.proceed()
+
+    # -- what guards call ------------------------------------------------------------
+
+    def intervene(self, call: Call, action: str, event: str, **fields: Any) -> bool:
+        """Report an intervention; raise in strict mode; True means: apply the fix."""
+        callsite = call.callsite
+        if self.mode == "strict":
+            self.emit(event, action=action, callsite=callsite, target=str(call.target),
+                      level="error", **fields)
+            raise GuardError(f"autograd-guard [{self.name}] at {callsite}: {event}. "
+                             f"Remedy: {self.remedy}")
+        self.emit(event, action=action, callsite=callsite, target=str(call.target), **fields)
+        return self.mode == "fix"
+
+    def emit(self, event: str, *, action: str, callsite: str, level: str = "warning",
+             **fields: Any) -> bool:
+        return _events.emit(event, guard=self.name, action=action, callsite=callsite,
+                            level=level, mode=self.mode, version=self.version,
+                            remedy=self.remedy, **fields)
+
+    def fail(self, stage: str, exc: BaseException) -> None:
+        """The guard's own code broke: report it once; raise only in strict mode."""
+        self.emit(f"guard error in {stage}; the library's own behaviour was kept",
+                  action="guard_error", callsite=f"{stage}:{type(exc).__name__}",
+                  level="error", error=repr(exc)[:500])
+        if self.mode == "strict":
+            raise GuardError(f"autograd-guard [{self.name}] failed in {stage}: {exc!r}") from exc
+
+    # -- what the engine calls -------------------------------------------------------
+
+    def attach(self, module: ModuleType, target: Target, late: bool) -> None:
+        """Called once ``target.module`` is imported: gate on the version, then patch."""
+        if self.distribution:
+            self.version = _versions.installed_version(self.distribution)
+        if not self.needed():
+            self.state = f"not needed for {self.distribution} {self.version}"
+            return
+        patched = _patching.wrap(module, target.qualname, self._wrapper_for(target),
+                                 target.aliases, scan_modules=late)
+        if patched is None:
+            return
+        self.state = "patched"
+        self.places += patched.places
+        if late and len(patched.places) > 1:
+            self.emit("target was imported before the guard; its references were updated",
+                      action="late_patch", callsite=str(target), level="info",
+                      places=patched.places)
+
+    def _wrapper_for(self, target: Target) -> Callable[..., Any]:
+        key = str(target)
+        with self._lock:
+            wrapper = self._wrappers.get(key)
+            if wrapper is None:
+                wrapper = self._wrappers[key] = self._make_wrapper(target)
+        return wrapper
+
+    def _make_wrapper(self, target: Target) -> Callable[..., Any]:
+        risky = self.risky
+
+        def autograd_guard_wrapper(wrapped: Callable[..., Any], instance: Any,
+                                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if self.active:
+                try:
+                    needs_care = risky(instance, args, kwargs)
+                except Exception as exc:  # noqa: BLE001 - fail open
+                    self.fail("check", exc)
+                    needs_care = False
+                if needs_care:
+                    return self._guarded(target, wrapped, instance, args, kwargs)
+            return wrapped(*args, **kwargs)
+
+        return autograd_guard_wrapper
+
+    def _guarded(self, target: Target, wrapped: Callable[..., Any], instance: Any,
+                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        call = Call(target, wrapped, instance, args, kwargs)
+        try:
+            return self.handle(call)
+        except GuardError:
+            raise
+        except Exception as exc:
+            if exc is call.library_error:
+                raise  # the library's or the user's own exception, unchanged
+            self.fail("remedy", exc)
+            if call.library_error is not None:
+                raise call.library_error from None
+            if call.has_result:
+                return call.result
+            return wrapped(*args, **kwargs)

@@ -1,0 +1,38 @@
+"""Read installed versions from distribution metadata, never by importing the library."""
+
+from __future__ import annotations
+
+import functools
+
+
+@functools.lru_cache(maxsize=None)
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution``, or None when it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def is_affected(version: str | None, specifier: str) -> bool:
+    """True when ``version`` falls in ``specifier``; local labels (``2.1.20+xpu``) count."""
+    if version is None:
+        return False
+    if not specifier:
+        return True
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return False
+    # Compare the public part: "2.1.20+xpu" must match "<2.1.30", which PEP 440 allows,
+    # and prereleases of an affected line are affected too.
+    return SpecifierSet(specifier).contains(Version(parsed.public), prereleases=True)
+
+
+def clear_cache() -> None:
+    installed_version.cache_clear()
