@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
+import _thread
 
 from autograd_guard import _events, _importer, _patching, _policy
 from autograd_guard.errors import PolicyError
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from autograd_guard._guard import Guard, Target
     from autograd_guard._policy import Policy
 
-_lock = threading.RLock()
+_lock = _thread.RLock()
 _policy_in_force: Policy | None = None
 _guards: list[Guard] = []
 _error: str | None = None
@@ -107,17 +107,11 @@ def declared_mode(environ: Mapping[str, str]) -> str | None:
     if environ.get("AUTOGRAD_GUARD_POLICY", "").strip() == "strict":
         return "strict"
     try:
-        description, path, is_pyproject = _policy.discover(environ, _cwd())
+        description, path, is_pyproject = _policy.discover(environ, os.getcwd())
         mode = _policy.read_toml(description, path, is_pyproject).get("mode")
         return mode if isinstance(mode, str) else None
     except Exception:  # noqa: BLE001 - only a hint
         return None
-
-
-def _cwd() -> Any:
-    from pathlib import Path
-
-    return Path.cwd()
 
 
 def status() -> dict[str, Any]:

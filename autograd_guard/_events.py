@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
+import _thread
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 STDERR = "stderr"
 LOGGING = "logging"
 
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()
 _counts: dict[tuple[str, str, str], int] = {}
 _listeners: list[Listener] = []
 _destination = STDERR

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
+import _thread
 
 from autograd_guard import _events, _patching, _versions
 from autograd_guard._policy import Option
@@ -156,7 +156,7 @@ class Guard:
         self.state = "waiting for import"
         self.places: list[str] = []
         self._wrappers: dict[str, Callable[..., Any]] = {}
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
 
     # -- what subclasses override ----------------------------------------------------
 

@@ -9,7 +9,7 @@ Hooks fire at once for modules that are already imported, and again after a relo
 from __future__ import annotations
 
 import sys
-import threading
+import _thread
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     Hook = Callable[[ModuleType], None]
 
 _hooks: dict[str, list[Hook]] = {}
-_lock = threading.RLock()
+_lock = _thread.RLock()
 _finder: _PostImportFinder | None = None
 
 

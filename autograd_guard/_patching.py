@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-import threading
+import _thread
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 
-_lock = threading.RLock()
+_lock = _thread.RLock()
 # (owner, attribute, original, replacement); applied in order, undone in reverse.
 _applied: list[tuple[object, str, object, object]] = []
 

@@ -7,9 +7,8 @@ in the working directory or a parent, ``[tool.autograd_guard]`` in the nearest
 
 from __future__ import annotations
 
+import marshal
 import os
-import re
-from pathlib import Path
 
 from autograd_guard.errors import PolicyError
 
@@ -25,7 +24,6 @@ POLICY_FILE = "autograd_guard.toml"
 TOP_LEVEL_KEYS = ("extends", "mode", "log", "disable", "guards", "rules")
 GUARD_KEYS = ("enabled", "mode", "force")
 RULE_KEYS = ("target", "action")
-TARGET_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 MAX_STRING = 4096
 MAX_LIST = 1024
 
@@ -141,60 +139,79 @@ class Policy:
         return [r for r in self.rules if r.action == action]
 
 
-# -- discovery -------------------------------------------------------------------------
+# -- discovery ----------------------------------------------------------------------
+# Start-up runs this code, so it sticks to os.path: pathlib and re cost milliseconds.
 
-def presets_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    shipped = here / "policies"  # inside a wheel
-    return shipped if shipped.is_dir() else here.parent / "policies"  # a source checkout
+def presets_dir() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    shipped = os.path.join(here, "policies")  # inside a wheel
+    return shipped if os.path.isdir(shipped) else os.path.join(os.path.dirname(here), "policies")
 
 
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in presets_dir().glob("*.toml"))
+    return sorted(n[:-5] for n in os.listdir(presets_dir()) if n.endswith(".toml"))
 
 
-def discover(environ: Mapping[str, str], cwd: Path) -> tuple[str, Path, bool]:
+def discover(environ: Mapping[str, str], cwd: str) -> tuple[str, str, bool]:
     """Where the policy comes from: (description, file, is_pyproject)."""
     named = environ.get("AUTOGRAD_GUARD_POLICY", "").strip()
     if named:
         return _resolve_named(named, "AUTOGRAD_GUARD_POLICY")
-    pyproject: Path | None = None
-    for folder in (cwd, *cwd.parents):
-        candidate = folder / POLICY_FILE
-        if candidate.is_file():
-            return str(candidate), candidate, False
-        if pyproject is None and (folder / "pyproject.toml").is_file():
-            pyproject = folder / "pyproject.toml"
+    pyproject: str | None = None
+    folder = os.path.abspath(cwd)
+    while True:
+        candidate = os.path.join(folder, POLICY_FILE)
+        if os.path.isfile(candidate):
+            return candidate, candidate, False
+        if pyproject is None and os.path.isfile(os.path.join(folder, "pyproject.toml")):
+            pyproject = os.path.join(folder, "pyproject.toml")
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
     if pyproject is not None and _has_tool_table(pyproject):
         return f"{pyproject} [tool.autograd_guard]", pyproject, True
-    return "preset default", presets_dir() / "default.toml", False
+    return "preset default", os.path.join(presets_dir(), "default.toml"), False
 
 
-def _resolve_named(named: str, key: str, relative_to: Path | None = None) -> tuple[str, Path, bool]:
-    if re.fullmatch(r"[A-Za-z0-9_-]+", named) and not named.endswith(".toml"):
-        path = presets_dir() / f"{named}.toml"
-        if not path.is_file():
+def _is_preset_name(named: str) -> bool:
+    return named.replace("-", "_").isidentifier() and not named.endswith(".toml")
+
+
+def _resolve_named(named: str, key: str, relative_to: str | None = None) -> tuple[str, str, bool]:
+    if _is_preset_name(named):
+        path = os.path.join(presets_dir(), f"{named}.toml")
+        if not os.path.isfile(path):
             raise PolicyError(key, named, "no such preset", ", ".join(preset_names()))
         return f"preset {named}", path, False
-    path = Path(named).expanduser()
-    if relative_to is not None and not path.is_absolute():
-        path = relative_to / path
-    return str(path), path, False
+    path = os.path.expanduser(named)
+    if relative_to is not None and not os.path.isabs(path):
+        path = os.path.join(relative_to, path)
+    return path, path, False
 
 
-def _has_tool_table(pyproject: Path) -> bool:
+def _has_tool_table(pyproject: str) -> bool:
     try:
-        return b"autograd_guard" in pyproject.read_bytes()
+        with open(pyproject, "rb") as f:
+            return b"autograd_guard" in f.read()
     except OSError:
         return False
 
 
+def is_target(text: object) -> bool:
+    """``package.module:qualname``, every part an identifier."""
+    if not isinstance(text, str) or len(text) > MAX_STRING or text.count(":") != 1:
+        return False
+    module, qualname = text.split(":")
+    return all(p.isidentifier() for p in (*module.split("."), *qualname.split(".")))
+
+
 # -- loading ---------------------------------------------------------------------------
 
-def load(source: str | Path | Mapping[str, Any] | None,
+def load(source: str | Mapping[str, Any] | None,
          guards: Iterable[type[Guard]],
          environ: Mapping[str, str] | None = None,
-         cwd: Path | None = None) -> Policy:
+         cwd: str | None = None) -> Policy:
     """Load and validate a policy, then apply the environment's overrides."""
     environ = os.environ if environ is None else environ
     guard_list = list(guards)
@@ -202,25 +219,36 @@ def load(source: str | Path | Mapping[str, Any] | None,
         policy = _build("<dict>", dict(source), guard_list, depth=0)
     else:
         if source is None:
-            description, path, is_pyproject = discover(environ, cwd or Path.cwd())
+            description, path, is_pyproject = discover(environ, cwd or os.getcwd())
         else:
             description, path, is_pyproject = _resolve_named(str(source), "policy")
         data = read_toml(description, path, is_pyproject)
-        policy = _build(description, data, guard_list, depth=0, folder=path.parent)
+        policy = _build(description, data, guard_list, depth=0, folder=os.path.dirname(path))
     _apply_environment(policy, environ)
     return policy
 
 
-def read_toml(description: str, path: Path, is_pyproject: bool = False) -> dict[str, Any]:
+def read_toml(description: str, path: str, is_pyproject: bool = False) -> dict[str, Any]:
+    """The policy table in ``path``; parsed TOML is cached (see ``_ParseCache``)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise PolicyError(description, "", f"cannot read the policy file: {exc.strerror or exc}",
+                          "a readable TOML file") from None
+    cache = _ParseCache.shared()
+    data = cache.get(path, raw)
+    if data is None:
+        data = _parse(description, raw, is_pyproject)
+        cache.put(path, raw, data)
+    return data
+
+
+def _parse(description: str, raw: bytes, is_pyproject: bool) -> dict[str, Any]:
     try:
         import tomllib
     except ImportError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise PolicyError(description, "", f"cannot read the policy file: {exc.strerror or exc}",
-                          "a readable TOML file") from None
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -228,15 +256,85 @@ def read_toml(description: str, path: Path, is_pyproject: bool = False) -> dict[
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(description, "", f"invalid TOML: {exc}") from None
     if is_pyproject:
-        table = data.get("tool", {}).get("autograd_guard", {})
+        tool = data.get("tool", {})
+        table = tool.get("autograd_guard", {}) if isinstance(tool, dict) else {}
         if not isinstance(table, dict):
             raise PolicyError(description, "tool.autograd_guard", "must be a table")
         return table
     return data
 
 
+class _ParseCache:
+    """Parsed policy files, keyed by path and checked against the exact bytes.
+
+    Importing tomllib costs ~4 ms, most of the start-up budget, so the parsed tables are
+    kept in one ``marshal`` file (data only: marshal cannot run code) under
+    ``$XDG_CACHE_HOME/autograd-guard``. ``AUTOGRAD_GUARD_CACHE=off`` turns it off.
+    """
+
+    MAX_ENTRIES = 32
+    _shared: _ParseCache | None = None
+
+    def __init__(self, folder: str | None) -> None:
+        self.file = os.path.join(folder, "policies.marshal") if folder else None
+        self.entries: dict[str, tuple[bytes, dict[str, Any]]] | None = None
+
+    @classmethod
+    def shared(cls) -> _ParseCache:
+        if cls._shared is None:
+            cls._shared = cls(_cache_folder(os.environ))
+        return cls._shared
+
+    def get(self, path: str, raw: bytes) -> dict[str, Any] | None:
+        entry = self._load().get(os.path.abspath(path))
+        if entry is not None and entry[0] == raw:
+            return entry[1]
+        return None
+
+    def put(self, path: str, raw: bytes, data: dict[str, Any]) -> None:
+        entries = self._load()
+        entries[os.path.abspath(path)] = (raw, data)
+        while len(entries) > self.MAX_ENTRIES:
+            del entries[next(iter(entries))]
+        if self.file is None:
+            return
+        try:  # best effort: a read-only home only costs the parse next time
+            os.makedirs(os.path.dirname(self.file), exist_ok=True)
+            temporary = f"{self.file}.{os.getpid()}.tmp"
+            with open(temporary, "wb") as f:
+                marshal.dump(entries, f)
+            os.replace(temporary, self.file)
+        except (OSError, ValueError):
+            pass
+
+    def _load(self) -> dict[str, tuple[bytes, dict[str, Any]]]:
+        if self.entries is None:
+            self.entries = {}
+            if self.file is not None:
+                try:
+                    with open(self.file, "rb") as f:
+                        loaded = marshal.load(f)
+                    if isinstance(loaded, dict):
+                        self.entries = {k: v for k, v in loaded.items() if _valid_entry(k, v)}
+                except (OSError, EOFError, ValueError, TypeError):
+                    pass
+        return self.entries
+
+
+def _valid_entry(key: object, value: object) -> bool:
+    return (isinstance(key, str) and isinstance(value, tuple) and len(value) == 2
+            and isinstance(value[0], bytes) and isinstance(value[1], dict))
+
+
+def _cache_folder(environ: Mapping[str, str]) -> str | None:
+    if environ.get("AUTOGRAD_GUARD_CACHE", "").strip().lower() in ("0", "off", "false", "no"):
+        return None
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "autograd-guard")
+
+
 def _build(source: str, data: dict[str, Any], guards: list[type[Guard]], depth: int,
-           folder: Path | None = None) -> Policy:
+           folder: str | None = None) -> Policy:
     _check_keys(source, "", data, TOP_LEVEL_KEYS)
     if "extends" in data:
         base = _load_base(source, data["extends"], guards, depth, folder)
@@ -263,13 +361,13 @@ def _build(source: str, data: dict[str, Any], guards: list[type[Guard]], depth: 
 
 
 def _load_base(source: str, extends: Any, guards: list[type[Guard]], depth: int,
-               folder: Path | None) -> Policy:
+               folder: str | None) -> Policy:
     name = Option(str, None).check(source, "extends", extends)
     if depth >= 8:
         raise PolicyError(source, "extends", "chain is too deep (a loop?)", "at most 8 levels")
     description, path, _ = _resolve_named(name, f"{source}: extends", folder)
     data = read_toml(description, path)
-    return _build(description, data, guards, depth + 1, path.parent)
+    return _build(description, data, guards, depth + 1, os.path.dirname(path))
 
 
 def _default_settings(guards: list[type[Guard]]) -> dict[str, GuardSettings]:
@@ -317,8 +415,7 @@ def _parse_rules(source: str, rules: Any, guards: list[type[Guard]]) -> list[Rul
         guard = actions[action]
         _check_keys(source, key, rule, (*RULE_KEYS, *guard.rule_options))
         target = rule.get("target")
-        if not isinstance(target, str) or len(target) > MAX_STRING or not TARGET_PATTERN.match(
-                target):
+        if not is_target(target):
             raise PolicyError(source, f"{key}.target", f"invalid target {_short(target)}",
                               "'package.module:function' or 'package.module:Class.method'")
         options = {k: o.default for k, o in guard.rule_options.items()}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -12,7 +12,12 @@ BUILTIN = ("grad_mode",)
 
 
 def builtin() -> list[type[Guard]]:
-    return [importlib.import_module(f"autograd_guard.guards.{name}").GUARD for name in BUILTIN]
+    guards = []
+    for name in BUILTIN:
+        module_name = f"autograd_guard.guards.{name}"
+        __import__(module_name)  # importlib.import_module would import importlib first
+        guards.append(sys.modules[module_name].GUARD)
+    return guards
 
 
 def available() -> list[type[Guard]]:
