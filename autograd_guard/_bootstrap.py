@@ -20,14 +20,14 @@ def requested(environ: os._Environ[str] | dict[str, str] = os.environ) -> bool:
     return environ.get("AUTOGRAD_GUARD", "").strip().lower() not in OFF_VALUES
 
 
-def bootstrap() -> None:
+def bootstrap(now: bool = False) -> None:
     """Start the guard once per process, however many times the ``.pth`` is processed."""
     global _started
     if _started:
         return
     _started = True
     site = sys.modules.get("site")
-    if site is not None and _inside_site_main(site):
+    if not now and site is not None and _inside_site_main(site):
         _run_after_customize(site)
     else:
         start()

@@ -1,0 +1,216 @@
+"""The ``autograd-guard`` command: doctor, check, init, run, report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import site
+import sys
+import sysconfig
+from collections import Counter
+from pathlib import Path
+
+from autograd_guard import _bootstrap, _policy, _versions
+from autograd_guard.errors import PolicyError
+from autograd_guard.guards import available
+
+ENVIRONMENT = ("AUTOGRAD_GUARD", "AUTOGRAD_GUARD_POLICY", "AUTOGRAD_GUARD_DISABLE",
+               "AUTOGRAD_GUARD_LOG", "AUTOGRAD_GUARD_CACHE")
+PTH_NAME = "autograd_guard.pth"
+
+STARTER = """\
+# autograd-guard policy. Reference: the README's "Policy" section.
+# Start from the shipped default (every built-in guard, fix mode) and change what you need.
+extends = "default"
+
+# off | observe (log only) | fix (remedy and log) | strict (raise at the risky call)
+mode = "fix"
+
+# Where events go: "stderr", "logging", or a file path for JSON lines.
+# log = "autograd_guard.jsonl"
+
+# Switch guards off by name ("*" for all).
+# disable = ["warp_torch_args"]
+
+# Per-guard settings: mode, enabled, force (patch whatever the installed version),
+# plus the guard's own options.
+# [guards.grad_mode]
+# mode = "observe"
+
+# Your own pipeline stages that call backward() and so need grad.
+# [[rules]]
+# target = "my_pipeline.stages:fit_mesh"
+# action = "enable_grad"
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="autograd-guard", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("doctor", help="show what would be guarded here, and why")
+    check = commands.add_parser("check", help="validate a policy file")
+    check.add_argument("file", nargs="?", help="policy file (default: the one in force here)")
+    init = commands.add_parser("init", help="write a commented starter autograd_guard.toml")
+    init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    run = commands.add_parser("run", help="run a command with the guard on: run -- CMD ARGS")
+    run.add_argument("cmd", nargs=argparse.REMAINDER)
+    report = commands.add_parser("report", help="summarise a JSON-lines event log")
+    report.add_argument("file")
+    args = parser.parse_args(argv)
+    handler = {"doctor": doctor, "check": check_policy, "init": init_policy, "run": run_command,
+               "report": report_log}[args.command]
+    return handler(args)
+
+
+def doctor(_: argparse.Namespace) -> int:
+    print(f"python        {sys.version.split()[0]} ({sys.executable})")
+    print(f"torch         {_versions.installed_version('torch') or 'not installed'}")
+    from autograd_guard import __version__
+
+    print(f"autograd-guard {__version__}")
+    pth = find_pth()
+    if pth:
+        print(f".pth          installed: {pth}")
+    else:
+        print(f".pth          MISSING: no {PTH_NAME} in {', '.join(site_dirs())}.")
+        print("              Setting AUTOGRAD_GUARD does nothing here. Reinstall without "
+              "--editable, or use 'autograd-guard run -- CMD'.")
+    print(f"auto-load     {'active in this process' if _bootstrap._started else 'not active'}"
+          f" (AUTOGRAD_GUARD {'requests it' if _bootstrap.requested() else 'is unset or off'})")
+    print("environment")
+    for name in ENVIRONMENT:
+        print(f"  {name}={os.environ[name]!r}" if name in os.environ else f"  {name} (unset)")
+    guards = available()
+    try:
+        policy = _policy.load(None, guards)
+    except PolicyError as exc:
+        print(f"policy        INVALID: {exc}")
+        return 1
+    print(f"policy        {policy.source}")
+    print(f"mode          {policy.env_mode or policy.mode}"
+          f"{' (from AUTOGRAD_GUARD)' if policy.env_mode else ''}")
+    print(f"log           {policy.log or 'stderr'}")
+    print("guards")
+    for guard in guards:
+        mode = policy.mode_for(guard.name)
+        if guard.distribution:
+            version = _versions.installed_version(guard.distribution)
+            forced = policy.guards[guard.name].force
+            affected = _versions.is_affected(version, guard.affected)
+            where = (f"{guard.distribution} {version}" if version
+                     else f"{guard.distribution} not installed")
+            verdict = ("forced on" if forced else "affected" if affected else "not affected")
+            print(f"  {guard.name:<18} mode={mode:<7} {where}; {verdict} "
+                  f"(affected: {guard.affected or 'all versions'})")
+        else:
+            stages = [r.target for r in policy.rules_for(guard.rule_action)]
+            print(f"  {guard.name:<18} mode={mode:<7} rules: {', '.join(stages) or 'none'}")
+    return 0
+
+
+def site_dirs() -> list[str]:
+    dirs = list(getattr(site, "getsitepackages", list)())
+    user = site.getusersitepackages() if hasattr(site, "getusersitepackages") else None
+    dirs += [user] if user else []
+    dirs.append(sysconfig.get_paths()["purelib"])
+    return list(dict.fromkeys(dirs))
+
+
+def find_pth() -> str | None:
+    for folder in site_dirs():
+        candidate = os.path.join(folder, PTH_NAME)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def check_policy(args: argparse.Namespace) -> int:
+    try:
+        policy = _policy.load(args.file, available())
+    except PolicyError as exc:
+        print(f"invalid policy: {exc}", file=sys.stderr)
+        return 1
+    print(f"ok: {policy.source} (mode {policy.env_mode or policy.mode}, "
+          f"{len(policy.rules)} rules)")
+    return 0
+
+
+def init_policy(args: argparse.Namespace) -> int:
+    path = Path(_policy.POLICY_FILE)
+    if path.exists() and not args.force:
+        print(f"{path} exists; use --force to overwrite it", file=sys.stderr)
+        return 1
+    path.write_text(STARTER, encoding="utf-8")
+    print(f"wrote {path.resolve()}")
+    return 0
+
+
+def run_command(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        print("usage: autograd-guard run -- CMD [ARGS...]", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    if not _bootstrap.requested(env):
+        env["AUTOGRAD_GUARD"] = "1"
+    # Our sitecustomize starts the guard in interpreters that skip .pth files; children
+    # inherit PYTHONPATH and the variable, so they are guarded too.
+    here = str(Path(__file__).resolve().parent / "_run")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as exc:
+        print(f"autograd-guard run: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 127
+    return 0  # not reached
+
+
+def report_log(args: argparse.Namespace) -> int:
+    """Counts per guard and call site: a process's exit summary has the exact repeat
+    counts; a process that died before its summary counts each logged event once."""
+    logged: dict[object, Counter[tuple[str, str, str]]] = {}
+    summarised: dict[object, Counter[tuple[str, str, str]]] = {}
+    events: dict[tuple[str, str, str], str] = {}
+    bad = 0
+    try:
+        lines = Path(args.file).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as exc:
+        print(f"cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+        return 1
+    for line in lines:
+        try:
+            record = json.loads(line)
+            key = (record["guard"], record["action"], record["callsite"])
+            pid = record.get("pid")
+        except (ValueError, KeyError, TypeError):
+            bad += 1
+            continue
+        if record["action"] == "summary":
+            summarised[pid] = Counter(dict(_parse_site(s) for s in record.get("sites", [])))
+        else:
+            logged.setdefault(pid, Counter())[key] += 1
+            events.setdefault(key, record.get("event", ""))
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for pid in {*logged, *summarised}:
+        counts.update(summarised.get(pid) or logged[pid])
+    processes = len({*logged, *summarised})
+    print(f"{sum(counts.values())} interventions at {len(counts)} call sites "
+          f"in {processes} processes" + (f"; {bad} unreadable lines" if bad else ""))
+    for guard in sorted({k[0] for k in counts}):
+        print(f"{guard}:")
+        for key in sorted(k for k in counts if k[0] == guard):
+            print(f"  {counts[key]:>7}x  {key[1]:<14} {key[2]}  {events.get(key, '')}")
+    return 0
+
+
+def _parse_site(line: str) -> tuple[tuple[str, str, str], int]:
+    """Undo the exit summary's "guard/action at file:line xN"."""
+    head, _, count = line.rpartition(" x")
+    names, _, callsite = head.partition(" at ")
+    guard, _, action = names.partition("/")
+    return (guard, action, callsite), int(count) if count.isdigit() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""pytest plugin: ``pytest --autograd-guard=strict|fix|observe`` and the
+``autograd_guard_events`` fixture. Loaded in every pytest run, so it imports nothing
+until asked."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
+
+MODES = ("observe", "fix", "strict")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("autograd-guard")
+    group.addoption("--autograd-guard", choices=MODES, default=None, dest="autograd_guard",
+                    help="guard the test session with the project's policy in this mode "
+                         "(strict turns every intervention into a test failure)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    mode = config.getoption("autograd_guard", None)
+    if mode:
+        from autograd_guard import _engine, _policy
+        from autograd_guard.guards import available
+
+        environ = {**os.environ, "AUTOGRAD_GUARD": mode}
+        _engine.install(_policy.load(None, available(), environ=environ))
+        config._autograd_guard_installed = True  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if getattr(config, "_autograd_guard_installed", False):
+        from autograd_guard import _engine
+
+        _engine.uninstall()
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    mode = config.getoption("autograd_guard", None)
+    return f"autograd-guard: {mode}" if mode else None
+
+
+@pytest.fixture
+def autograd_guard_events() -> Iterator[list[dict[str, Any]]]:
+    """The autograd-guard events logged during the test, as dicts."""
+    from autograd_guard.testing import capture_events
+
+    with capture_events() as events:
+        yield events
