@@ -113,11 +113,20 @@ class Call:
 
 
 def find_callsite(library: str = "") -> str:
-    """``file:line`` of the nearest caller outside autograd-guard, wrapt and ``library``."""
+    """``file:line`` of the code that called the wrapped function.
+
+    Starts above the engine's wrapper frame, so a guard's own frames never count
+    (wherever the guard lives), and skips wrapt and ``library`` itself where a caller
+    outside them exists.
+    """
     global _OWN_DIRS
     if len(_OWN_DIRS) == 1:
         _OWN_DIRS = (*_OWN_DIRS, _wrapt_dir())
     frame: FrameType | None = sys._getframe(1)
+    start = frame
+    while frame is not None and frame.f_code is not _WRAPPER_CODE:
+        frame = frame.f_back
+    frame = frame.f_back if frame is not None else start
     fallback = None
     prefix = library + "."
     while frame is not None:
@@ -266,3 +275,7 @@ class Guard:
             if call.has_result:
                 return call.result
             return wrapped(*args, **kwargs)
+
+
+# Every wrapper shares this code object; find_callsite looks for it on the stack.
+_WRAPPER_CODE = Guard._make_wrapper(Guard.__new__(Guard), Target("", "")).__code__

@@ -10,6 +10,8 @@ if TYPE_CHECKING:
 
 BUILTIN = ("grad_mode",)
 
+_registered: list[type[Guard]] = []
+
 
 def builtin() -> list[type[Guard]]:
     guards = []
@@ -22,4 +24,15 @@ def builtin() -> list[type[Guard]]:
 
 def available() -> list[type[Guard]]:
     """Every guard this process can use."""
-    return builtin()
+    return builtin() + list(_registered)
+
+
+def register(guard: type[Guard]) -> None:
+    """Add a guard class (takes effect at the next ``install``)."""
+    if guard not in _registered:
+        _registered.append(guard)
+
+
+def unregister(guard: type[Guard]) -> None:
+    if guard in _registered:
+        _registered.remove(guard)

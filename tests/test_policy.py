@@ -1,0 +1,156 @@
+"""Policy discovery, validation and environment overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autograd_guard import _policy
+from autograd_guard.errors import PolicyError
+from autograd_guard.guards import available
+
+GUARDS = available()
+
+
+def load(source=None, environ=None, cwd=None):
+    return _policy.load(source, GUARDS, environ=environ or {}, cwd=str(cwd) if cwd else None)
+
+
+def test_default_preset_when_nothing_is_found(tmp_path):
+    policy = load(cwd=tmp_path)
+    assert policy.source == "preset default"
+    assert policy.mode == "fix"
+    assert [r.target for r in policy.rules_for("enable_grad")] == [
+        "mesh_reconstruction.recon:reconstruct_stage1",
+        "mesh_reconstruction.refine:run_mesh_refine",
+    ]
+
+
+def test_search_order(tmp_path):
+    project = tmp_path / "project"
+    deep = project / "src" / "deep"
+    deep.mkdir(parents=True)
+    (project / "pyproject.toml").write_text('[tool.autograd_guard]\nmode = "observe"\n')
+    assert load(cwd=deep).mode == "observe"
+    assert "pyproject.toml [tool.autograd_guard]" in load(cwd=deep).source
+    (tmp_path / "autograd_guard.toml").write_text('mode = "strict"\n')  # a parent's file wins
+    assert load(cwd=deep).mode == "strict"
+    own = tmp_path / "own.toml"
+    own.write_text('mode = "off"\n')
+    assert load(environ={"AUTOGRAD_GUARD_POLICY": str(own)}, cwd=deep).mode == "off"
+    assert load(environ={"AUTOGRAD_GUARD_POLICY": "observe"}, cwd=deep).source == "preset observe"
+
+
+def test_nearest_pyproject_without_table_means_default(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    assert load(cwd=tmp_path).source == "preset default"
+
+
+def test_presets(tmp_path):
+    assert _policy.preset_names() == ["default", "observe", "strict"]
+    strict = load("strict")
+    assert strict.mode == "strict" and len(strict.rules) == 2  # extends default
+    assert load("observe").mode_for("grad_mode") == "observe"
+
+
+def test_guard_overrides_and_environment(tmp_path):
+    file = tmp_path / "p.toml"
+    file.write_text('mode = "fix"\n[guards.grad_mode]\nmode = "observe"\n')
+    assert load(str(file)).mode_for("grad_mode") == "observe"
+    assert load(str(file), {"AUTOGRAD_GUARD": "strict"}).mode_for("grad_mode") == "strict"
+    assert load(str(file), {"AUTOGRAD_GUARD": "1"}).mode_for("grad_mode") == "observe"
+    assert load(str(file), {"AUTOGRAD_GUARD_DISABLE": "grad_mode"}).mode_for("grad_mode") == "off"
+    assert load(str(file), {"AUTOGRAD_GUARD_DISABLE": "*"}).mode_for("grad_mode") == "off"
+    file.write_text('[guards.grad_mode]\nenabled = false\n')
+    assert load(str(file)).mode_for("grad_mode") == "off"
+    file.write_text('disable = ["grad_mode"]\n')
+    assert load(str(file)).mode_for("grad_mode") == "off"
+
+
+def test_user_rules_extend_the_default(tmp_path):
+    file = tmp_path / "p.toml"
+    file.write_text('extends = "default"\n[[rules]]\ntarget = "my.stages:Fit.run"\n'
+                    'action = "enable_grad"\n')
+    targets = [r.target for r in load(str(file)).rules]
+    assert targets[-1] == "my.stages:Fit.run" and len(targets) == 3
+
+
+@pytest.mark.parametrize(("text", "key", "allowed"), [
+    ('mode = "loud"', "mode", "'off', 'observe', 'fix', 'strict'"),
+    ("mode = 3", "mode", "'off', 'observe', 'fix', 'strict'"),
+    ('colour = "red"', "colour", "extends, mode, log, disable, guards, rules"),
+    ('[guards.nope]\nmode = "fix"', "guards.nope", "grad_mode"),
+    ('[guards.grad_mode]\nforce = "yes"', "guards.grad_mode.force", "true or false"),
+    ('[guards.grad_mode]\nspeed = 1', "guards.grad_mode.speed", "enabled, mode, force"),
+    ('disable = ["nope"]', "disable", "*, grad_mode"),
+    ('[[rules]]\ntarget = "no colon"\naction = "enable_grad"', "rules[0].target",
+     "'package.module:function'"),
+    ('[[rules]]\ntarget = "a:b"\naction = "explode"', "rules[0].action", "'enable_grad'"),
+    ('rules = "x"', "rules", "[[rules]]"),
+    ('extends = "nope"', "nope", "default, observe, strict"),
+])
+def test_invalid_policy_names_file_key_and_allowed(tmp_path, text, key, allowed):
+    file = tmp_path / "bad.toml"
+    file.write_text(text + "\n")
+    with pytest.raises(PolicyError) as info:
+        load(str(file))
+    message = str(info.value)
+    assert key in message and allowed in message
+    assert str(file) in message or info.value.source.startswith(str(file))
+
+
+def test_broken_toml_and_unreadable_file(tmp_path):
+    file = tmp_path / "bad.toml"
+    file.write_text("mode = [\n")
+    with pytest.raises(PolicyError, match="invalid TOML"):
+        load(str(file))
+    with pytest.raises(PolicyError, match="cannot read the policy file"):
+        load(str(tmp_path / "missing.toml"))
+    file.write_bytes(b"mode = '\xff'\n")
+    with pytest.raises(PolicyError, match="not UTF-8"):
+        load(str(file))
+
+
+def test_invalid_environment_value():
+    with pytest.raises(PolicyError, match="AUTOGRAD_GUARD.*allowed"):
+        load(environ={"AUTOGRAD_GUARD": "loud"})
+
+
+def test_extends_loop_is_an_error(tmp_path):
+    (tmp_path / "a.toml").write_text('extends = "b.toml"\n')
+    (tmp_path / "b.toml").write_text('extends = "a.toml"\n')
+    with pytest.raises(PolicyError, match="too deep"):
+        load(str(tmp_path / "a.toml"))
+
+
+def test_policy_never_imports_what_it_names(tmp_path):
+    import sys
+
+    file = tmp_path / "p.toml"
+    file.write_text('[[rules]]\ntarget = "never_imported_pkg.mod:f"\naction = "enable_grad"\n')
+    load(str(file))
+    assert "never_imported_pkg" not in sys.modules
+
+
+def test_parse_cache_checks_the_bytes(tmp_path):
+    cache = _policy._ParseCache(str(tmp_path / "cache"))
+    file = tmp_path / "p.toml"
+    cache.put(str(file), b'mode = "fix"\n', {"mode": "fix"})
+    fresh = _policy._ParseCache(str(tmp_path / "cache"))  # read back from disk
+    assert fresh.get(str(file), b'mode = "fix"\n') == {"mode": "fix"}
+    assert fresh.get(str(file), b'mode = "strict"\n') is None  # edited file: parse again
+    (tmp_path / "cache" / "policies.marshal").write_bytes(b"garbage")
+    assert _policy._ParseCache(str(tmp_path / "cache")).get(str(file), b"x") is None
+
+
+def test_cached_and_fresh_parse_agree(tmp_path, monkeypatch):
+    file = tmp_path / "p.toml"
+    file.write_text('mode = "observe"\n[guards.grad_mode]\nforce = true\n')
+    monkeypatch.setattr(_policy._ParseCache, "_shared", _policy._ParseCache(str(tmp_path / "c")))
+    first = load(str(file))
+    assert (tmp_path / "c" / "policies.marshal").exists()
+    second = load(str(file))
+    assert (first.mode, first.guards["grad_mode"].force) == (second.mode,
+                                                              second.guards["grad_mode"].force)
+    assert Path(second.source) == file
