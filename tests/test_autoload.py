@@ -1,0 +1,176 @@
+"""The auto-load, exercised as users get it: the built wheel installed in a fresh venv
+outside the source tree, and child interpreters with and without the variable."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import wheelenv
+from conftest import ROOT, STAGE_SOURCE, run_python
+
+LOADED = """
+import sys
+print(sorted({m.split('.')[0] for m in sys.modules} & {'autograd_guard', 'wrapt', 'structlog',
+      'torch', 'tomllib', 'importlib_metadata', 'packaging'}))
+"""
+
+CALL_STAGE = """
+import torch
+from mesh_reconstruction.recon import reconstruct_stage1
+torch.set_grad_enabled(False)
+try:
+    print("loss", reconstruct_stage1(torch.ones(3))[1])
+except RuntimeError as exc:
+    print("failed:", exc)
+"""
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A working directory holding a Unique3D-like stage module."""
+    package = tmp_path / "mesh_reconstruction"
+    package.mkdir()
+    (package / "__init__.py").touch()
+    (package / "recon.py").write_text(STAGE_SOURCE)
+    return tmp_path
+
+
+@pytest.mark.parametrize("value", [None, "", "0", "off", "OFF"])
+def test_unset_imports_nothing(guard_python, project, value):
+    env = {} if value is None else {"AUTOGRAD_GUARD": value}
+    out = run_python(guard_python, LOADED, project, **env).stdout
+    assert out.strip() == "[]"
+
+
+def test_set_without_target_imports_only_the_bootstrap(guard_python, project):
+    run_python(guard_python, "pass", project, AUTOGRAD_GUARD="1")  # warms the parse cache
+    out = run_python(guard_python, LOADED, project, AUTOGRAD_GUARD="1").stdout
+    assert out.strip() == "['autograd_guard']"
+
+
+def test_stage_is_guarded_when_set(guard_python, project):
+    unguarded = run_python(guard_python, CALL_STAGE, project)
+    assert "failed: element 0 of tensors does not require grad" in unguarded.stdout
+    guarded = run_python(guard_python, CALL_STAGE, project, AUTOGRAD_GUARD="1")
+    assert guarded.stdout.startswith("loss ")
+    assert "[grad_mode/enable_grad] stage entered with grad disabled" in guarded.stderr
+    assert "<string>:6" in guarded.stderr  # the line of the call in CALL_STAGE
+    assert "summary: 1 interventions at 1 call sites" in guarded.stderr
+
+
+def test_target_imported_before_the_guard_starts(guard_python, project):
+    # sitecustomize runs before the deferred start, so its import comes first.
+    (project / "sitecustomize.py").write_text(
+        "from mesh_reconstruction.recon import reconstruct_stage1 as early\n")
+    code = """
+    import sitecustomize, torch
+    torch.set_grad_enabled(False)
+    print("loss", sitecustomize.early(torch.ones(3))[1])
+    """
+    result = run_python(guard_python, code, project, AUTOGRAD_GUARD="1", PYTHONPATH=str(project))
+    assert result.stdout.startswith("loss ")
+    assert "sitecustomize:early" in result.stderr  # the late patch fixed the stale name
+
+
+def test_children_are_guarded(guard_python, project):
+    code = """
+    import multiprocessing as mp, subprocess, sys
+
+    def child(queue):
+        import torch
+        from mesh_reconstruction.recon import reconstruct_stage1
+        torch.set_grad_enabled(False)
+        queue.put(reconstruct_stage1(torch.ones(3))[1])
+
+    if __name__ == "__main__":
+        for method in ("spawn", "fork"):
+            context = mp.get_context(method)
+            queue = context.Queue()
+            process = context.Process(target=child, args=(queue,))
+            process.start()
+            print(method, queue.get(timeout=120) < 1.0)
+            process.join()
+        stage = "import torch; from mesh_reconstruction.recon import reconstruct_stage1 as s; " \\
+                "torch.set_grad_enabled(False); print('subprocess', s(torch.ones(3))[1] < 1.0)"
+        print(subprocess.run([sys.executable, "-c", stage], capture_output=True,
+                             text=True).stdout.strip())
+    """
+    (project / "main.py").write_text(textwrap.dedent(code))
+    result = subprocess.run([str(guard_python), "main.py"], cwd=project, capture_output=True,
+                            text=True, timeout=300,
+                            env=wheelenv.clean_environ(AUTOGRAD_GUARD="1",
+                                                       PYTHONPATH=str(project)))
+    assert result.stdout.split("\n")[:3] == ["spawn True", "fork True", "subprocess True"], (
+        result.stdout + result.stderr)
+
+
+def test_invalid_policy_runs_unguarded_with_a_clear_error(guard_python, project):
+    (project / "autograd_guard.toml").write_text('mode = "loud"\n')
+    result = run_python(guard_python, CALL_STAGE, project, AUTOGRAD_GUARD="1")
+    assert "failed: element 0" in result.stdout  # unguarded, not crashed
+    assert "invalid policy; running unguarded" in result.stderr
+    assert f"{project / 'autograd_guard.toml'}: mode: invalid value 'loud'" in result.stderr
+    assert "allowed: 'off', 'observe', 'fix', 'strict'" in result.stderr
+
+
+def test_invalid_policy_stops_the_program_in_strict(guard_python, project):
+    (project / "autograd_guard.toml").write_text('mode = "strict"\nspeed = 3\n')
+    result = run_python(guard_python, "print('ran')", project, check=False, AUTOGRAD_GUARD="1")
+    assert result.returncode == 1 and "ran" not in result.stdout
+    assert "autograd-guard: invalid policy:" in result.stderr and "speed: unknown key" in (
+        result.stderr)
+
+
+def test_uninstall_restores_the_original(guard_python, project):
+    code = """
+    import autograd_guard, mesh_reconstruction.recon as recon
+    original = recon.reconstruct_stage1.__wrapped__
+    autograd_guard.uninstall()
+    print(recon.reconstruct_stage1 is original, autograd_guard.status()["installed"])
+    """
+    assert run_python(guard_python, code, project, AUTOGRAD_GUARD="1").stdout.strip() == (
+        "True False")
+
+
+def test_runs_once_when_the_pth_is_processed_twice(guard_python, project):
+    code = """
+    import site, sys, sysconfig
+    site.addsitedir(sysconfig.get_paths()["purelib"])  # processes autograd_guard.pth again
+    from autograd_guard import _importer
+    print(sum(isinstance(f, _importer._PostImportFinder) for f in sys.meta_path))
+    """
+    assert run_python(guard_python, code, project, AUTOGRAD_GUARD="1").stdout.strip() == "1"
+
+
+def test_python_dash_s_skips_the_pth(guard_python, project):
+    out = run_python(guard_python, LOADED, project, "-S", AUTOGRAD_GUARD="1").stdout
+    assert "autograd_guard" not in out
+
+
+def test_run_command_where_pth_files_are_not_processed(wheel, tmp_path, project):
+    # A --target install on PYTHONPATH: its .pth is never processed, `run` starts the guard.
+    target = tmp_path / "target"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                    str(target), str(wheel)], check=True)
+    (project / "usercode.py").write_text(textwrap.dedent(CALL_STAGE))
+    env = wheelenv.clean_environ(PYTHONPATH=f"{target}:{project}")
+    plain = subprocess.run([sys.executable, "usercode.py"], cwd=project, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert "failed: element 0" in plain.stdout
+    guarded = subprocess.run([sys.executable, "-m", "autograd_guard.cli", "run", "--",
+                              sys.executable, "usercode.py"], cwd=project, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert guarded.stdout.startswith("loss "), guarded.stderr
+    assert "grad_mode/enable_grad" in guarded.stderr
+
+
+def test_editable_install_auto_loads(tmp_path, project):
+    python = wheelenv.make_env(tmp_path / "editable", None)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                    "--no-deps", "--no-build-isolation", "--no-index", "-e", str(ROOT)],
+                   check=True)
+    result = run_python(python, CALL_STAGE, project, AUTOGRAD_GUARD="1")
+    assert result.stdout.startswith("loss ")
