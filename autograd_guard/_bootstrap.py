@@ -41,7 +41,7 @@ def start() -> None:
         _engine.install_from_environment()
     except SystemExit:
         raise  # a broken policy under strict mode stops the program on purpose
-    except BaseException as exc:  # noqa: BLE001 - start-up must never crash the host
+    except BaseException as exc:  # start-up must never crash the host program
         sys.stderr.write(f"autograd-guard: not started, running unguarded: {exc!r}\n")
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
-import _thread
 
 from autograd_guard import _events, _importer, _patching, _policy
 from autograd_guard.errors import PolicyError
@@ -60,7 +60,7 @@ def _attach_hook(guard: Guard, target: Target, late: bool) -> Callable[[ModuleTy
         # Runs inside the user's import: an exception here would break that import.
         try:
             guard.attach(module, target, first[0])
-        except Exception as exc:  # noqa: BLE001 - fail open
+        except Exception as exc:
             guard.state = f"error: {exc!r}"
             guard.fail("patch", exc)
         first[0] = True  # a reload: old references may be about
@@ -77,8 +77,9 @@ def uninstall() -> None:
             guard.active = False
         skipped = _patching.undo_all()
         for place in skipped:
-            sys.stderr.write(f"autograd-guard: {place} was re-patched by someone else; "
-                             "left as it is\n")
+            sys.stderr.write(
+                f"autograd-guard: {place} was re-patched by someone else; left as it is\n"
+            )
         _guards.clear()
         _policy_in_force = None
 
@@ -94,9 +95,15 @@ def install_from_environment(environ: Mapping[str, str] | None = None) -> None:
         if declared_mode(environ) == "strict":
             raise SystemExit(f"autograd-guard: invalid policy: {exc}") from None
         _events.configure(environ.get("AUTOGRAD_GUARD_LOG", "").strip() or None)
-        _events.emit("invalid policy; running unguarded", guard="autograd_guard",
-                     action="disabled", callsite=exc.source, level="error", error=str(exc),
-                     remedy="Run 'autograd-guard check' and fix the key it names.")
+        _events.emit(
+            "invalid policy; running unguarded",
+            guard="autograd_guard",
+            action="disabled",
+            callsite=exc.source,
+            level="error",
+            error=str(exc),
+            remedy="Run 'autograd-guard check' and fix the key it names.",
+        )
 
 
 def declared_mode(environ: Mapping[str, str]) -> str | None:
@@ -110,7 +117,7 @@ def declared_mode(environ: Mapping[str, str]) -> str | None:
         description, path, is_pyproject = _policy.discover(environ, os.getcwd())
         mode = _policy.read_toml(description, path, is_pyproject).get("mode")
         return mode if isinstance(mode, str) else None
-    except Exception:  # noqa: BLE001 - only a hint
+    except Exception:
         return None
 
 

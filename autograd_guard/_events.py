@@ -9,9 +9,9 @@ stderr (one readable line), a JSON-lines file (one ``os.write`` per line on an
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
-import _thread
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -65,8 +65,9 @@ def remove_listener(listener: Listener) -> None:
             _listeners.remove(listener)
 
 
-def emit(event: str, *, guard: str, action: str, callsite: str, level: str = "warning",
-         **fields: Any) -> bool:
+def emit(
+    event: str, *, guard: str, action: str, callsite: str, level: str = "warning", **fields: Any
+) -> bool:
     """Log ``event`` the first time (guard, action, callsite) is seen; count it every time.
 
     Returns True when the event was logged. Never raises.
@@ -100,10 +101,10 @@ def _deliver(level: str, record: dict[str, Any], listeners: list[Listener]) -> N
             listener(dict(record))
         logger = _logger or _make_logger()
         getattr(logger, level)(**record)
-    except Exception as exc:  # noqa: BLE001 - an event must never break the program
-        try:
+    except Exception as exc:
+        try:  # noqa: SIM105 - contextlib costs start-up time
             sys.stderr.write(f"autograd-guard: could not log an event: {exc!r}\n")
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 
@@ -215,5 +216,5 @@ def _summary_at_exit() -> None:
             pid=os.getpid(),
             sites=[f"{r['guard']}/{r['action']} at {r['callsite']} x{r['count']}" for r in rows],
         )
-    except Exception:  # noqa: BLE001 - never fail at exit
+    except Exception:
         pass

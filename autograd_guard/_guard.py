@@ -20,9 +20,9 @@ own behaviour; the library's and the user's exceptions pass through unchanged.
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
-import _thread
 
 from autograd_guard import _events, _patching, _versions
 from autograd_guard._policy import Option
@@ -67,11 +67,27 @@ class Target:
 class Call:
     """One risky call in progress: its arguments, the original, and what the original did."""
 
-    __slots__ = ("args", "entered", "has_result", "instance", "kwargs", "library_error",
-                 "result", "target", "wrapped", "_callsite")
+    __slots__ = (
+        "_callsite",
+        "args",
+        "entered",
+        "has_result",
+        "instance",
+        "kwargs",
+        "library_error",
+        "result",
+        "target",
+        "wrapped",
+    )
 
-    def __init__(self, target: Target, wrapped: Callable[..., Any], instance: Any,
-                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        target: Target,
+        wrapped: Callable[..., Any],
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
         self.target = target
         self.wrapped = wrapped
         self.instance = instance
@@ -83,13 +99,16 @@ class Call:
         self.library_error: BaseException | None = None
         self._callsite: str | None = None
 
-    def proceed(self, args: tuple[Any, ...] | None = None,
-                kwargs: dict[str, Any] | None = None) -> Any:
+    def proceed(
+        self, args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = None
+    ) -> Any:
         """Run the original callable (with these arguments, if given)."""
         self.entered = True
         try:
-            result = self.wrapped(*(self.args if args is None else args),
-                                  **(self.kwargs if kwargs is None else kwargs))
+            result = self.wrapped(
+                *(self.args if args is None else args),
+                **(self.kwargs if kwargs is None else kwargs),
+            )
         except BaseException as exc:
             self.library_error = exc
             raise
@@ -193,24 +212,44 @@ class Guard:
         """Report an intervention; raise in strict mode; True means: apply the fix."""
         callsite = call.callsite
         if self.mode == "strict":
-            self.emit(event, action=action, callsite=callsite, target=str(call.target),
-                      level="error", **fields)
-            raise GuardError(f"autograd-guard [{self.name}] at {callsite}: {event}. "
-                             f"Remedy: {self.remedy}")
+            self.emit(
+                event,
+                action=action,
+                callsite=callsite,
+                target=str(call.target),
+                level="error",
+                **fields,
+            )
+            raise GuardError(
+                f"autograd-guard [{self.name}] at {callsite}: {event}. Remedy: {self.remedy}"
+            )
         self.emit(event, action=action, callsite=callsite, target=str(call.target), **fields)
         return self.mode == "fix"
 
-    def emit(self, event: str, *, action: str, callsite: str, level: str = "warning",
-             **fields: Any) -> bool:
-        return _events.emit(event, guard=self.name, action=action, callsite=callsite,
-                            level=level, mode=self.mode, version=self.version,
-                            remedy=self.remedy, **fields)
+    def emit(
+        self, event: str, *, action: str, callsite: str, level: str = "warning", **fields: Any
+    ) -> bool:
+        return _events.emit(
+            event,
+            guard=self.name,
+            action=action,
+            callsite=callsite,
+            level=level,
+            mode=self.mode,
+            version=self.version,
+            remedy=self.remedy,
+            **fields,
+        )
 
     def fail(self, stage: str, exc: BaseException) -> None:
         """The guard's own code broke: report it once; raise only in strict mode."""
-        self.emit(f"guard error in {stage}; the library's own behaviour was kept",
-                  action="guard_error", callsite=f"{stage}:{type(exc).__name__}",
-                  level="error", error=repr(exc)[:500])
+        self.emit(
+            f"guard error in {stage}; the library's own behaviour was kept",
+            action="guard_error",
+            callsite=f"{stage}:{type(exc).__name__}",
+            level="error",
+            error=repr(exc)[:500],
+        )
         if self.mode == "strict":
             raise GuardError(f"autograd-guard [{self.name}] failed in {stage}: {exc!r}") from exc
 
@@ -223,16 +262,21 @@ class Guard:
         if not self.needed():
             self.state = f"not needed for {self.distribution} {self.version}"
             return
-        patched = _patching.wrap(module, target.qualname, self._wrapper_for(target),
-                                 target.aliases, scan_modules=late)
+        patched = _patching.wrap(
+            module, target.qualname, self._wrapper_for(target), target.aliases, scan_modules=late
+        )
         if patched is None:
             return
         self.state = "patched"
         self.places += patched.places
         if late and len(patched.places) > 1:
-            self.emit("target was imported before the guard; its references were updated",
-                      action="late_patch", callsite=str(target), level="info",
-                      places=patched.places)
+            self.emit(
+                "target was imported before the guard; its references were updated",
+                action="late_patch",
+                callsite=str(target),
+                level="info",
+                places=patched.places,
+            )
 
     def _wrapper_for(self, target: Target) -> Callable[..., Any]:
         key = str(target)
@@ -245,12 +289,16 @@ class Guard:
     def _make_wrapper(self, target: Target) -> Callable[..., Any]:
         risky = self.risky
 
-        def autograd_guard_wrapper(wrapped: Callable[..., Any], instance: Any,
-                                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def autograd_guard_wrapper(
+            wrapped: Callable[..., Any],
+            instance: Any,
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+        ) -> Any:
             if self.active:
                 try:
                     needs_care = risky(instance, args, kwargs)
-                except Exception as exc:  # noqa: BLE001 - fail open
+                except Exception as exc:  # fail open: run the library untouched
                     self.fail("check", exc)
                     needs_care = False
                 if needs_care:
@@ -259,8 +307,14 @@ class Guard:
 
         return autograd_guard_wrapper
 
-    def _guarded(self, target: Target, wrapped: Callable[..., Any], instance: Any,
-                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _guarded(
+        self,
+        target: Target,
+        wrapped: Callable[..., Any],
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         call = Call(target, wrapped, instance, args, kwargs)
         try:
             return self.handle(call)

@@ -8,8 +8,8 @@ Hooks fire at once for modules that are already imported, and again after a relo
 
 from __future__ import annotations
 
-import sys
 import _thread
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class _PostImportFinder:
             if spec is None:
                 continue
             if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                spec.loader = _PostImportLoader(spec.loader)
+                spec.loader = _PostImportLoader(spec.loader)  # type: ignore[assignment]
             return spec  # type: ignore[no-any-return]
         return None
 
@@ -116,9 +116,9 @@ class _PostImportLoader:
     def exec_module(self, module: ModuleType) -> None:
         # Reset the loader first so that pkgutil/importlib.resources see the real one,
         # even while the module executes.
-        module.__loader__ = self.loader
+        module.__loader__ = self.loader  # type: ignore[assignment]
         spec = getattr(module, "__spec__", None)
         if spec is not None and spec.loader is self:
-            spec.loader = self.loader
+            spec.loader = self.loader  # type: ignore[assignment]
         self.loader.exec_module(module)  # type: ignore[attr-defined]
         _fire(module)

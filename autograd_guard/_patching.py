@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import sys
 import _thread
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,8 +26,13 @@ class Patched:
         self.places: list[str] = []
 
 
-def wrap(module: object, qualname: str, wrapper: Wrapper, aliases: Iterable[str] = (),
-         scan_modules: bool = False) -> Patched | None:
+def wrap(
+    module: object,
+    qualname: str,
+    wrapper: Wrapper,
+    aliases: Iterable[str] = (),
+    scan_modules: bool = False,
+) -> Patched | None:
     """Replace ``module.<qualname>`` by a ``wrapt.FunctionWrapper``; idempotent.
 
     ``aliases`` are ``"module:name"`` re-export spots to update when they still hold
@@ -89,8 +94,11 @@ def undo_all() -> list[str]:
     with _lock:
         while _applied:
             owner, attribute, original, replacement = _applied.pop()
-            current = owner.__dict__.get(attribute) if isinstance(owner, type) else getattr(
-                owner, attribute, None)
+            current = (
+                owner.__dict__.get(attribute)
+                if isinstance(owner, type)
+                else getattr(owner, attribute, None)
+            )
             if current is replacement:
                 setattr(owner, attribute, original)
             else:

@@ -33,9 +33,16 @@ class Option:
 
     __slots__ = ("choices", "default", "doc", "kind", "maximum", "minimum")
 
-    def __init__(self, kind: type, default: Any, doc: str = "", *,
-                 choices: Sequence[str] = (), minimum: float | None = None,
-                 maximum: float | None = None) -> None:
+    def __init__(
+        self,
+        kind: type,
+        default: Any,
+        doc: str = "",
+        *,
+        choices: Sequence[str] = (),
+        minimum: float | None = None,
+        maximum: float | None = None,
+    ) -> None:
         self.kind = kind
         self.default = default
         self.doc = doc
@@ -55,20 +62,25 @@ class Option:
         return text
 
     def check(self, source: str, key: str, value: Any) -> Any:
-        ok = isinstance(value, self.kind) and not (self.kind is not bool and isinstance(value, bool))
+        is_bool = isinstance(value, bool)
+        ok = isinstance(value, self.kind) and not (self.kind is not bool and is_bool)
         if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
         if ok and self.kind is list:
             ok = len(value) <= MAX_LIST and all(
-                isinstance(v, str) and 0 < len(v) <= MAX_STRING for v in value)
+                isinstance(v, str) and 0 < len(v) <= MAX_STRING for v in value
+            )
             value = list(value)
         if ok and self.kind is str:
             ok = len(value) <= MAX_STRING
         if ok and self.choices:
             ok = value in self.choices
         if ok and self.kind in (int, float):
-            ok = (self.minimum is None or value >= self.minimum) and (
-                self.maximum is None or value <= self.maximum) and value == value
+            ok = (
+                (self.minimum is None or value >= self.minimum)
+                and (self.maximum is None or value <= self.maximum)
+                and value == value
+            )
         if not ok:
             raise PolicyError(source, key, f"invalid value {_short(value)}", self.allowed())
         return value
@@ -109,8 +121,15 @@ class Rule:
 class Policy:
     """A validated policy. ``env_mode`` and ``disabled`` come from the environment."""
 
-    def __init__(self, source: str, mode: str, log: str | None, disabled: set[str],
-                 guards: dict[str, GuardSettings], rules: list[Rule]) -> None:
+    def __init__(
+        self,
+        source: str,
+        mode: str,
+        log: str | None,
+        disabled: set[str],
+        guards: dict[str, GuardSettings],
+        rules: list[Rule],
+    ) -> None:
         self.source = source
         self.mode = mode
         self.log = log
@@ -141,6 +160,7 @@ class Policy:
 
 # -- discovery ----------------------------------------------------------------------
 # Start-up runs this code, so it sticks to os.path: pathlib and re cost milliseconds.
+
 
 def presets_dir() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
@@ -208,10 +228,13 @@ def is_target(text: object) -> bool:
 
 # -- loading ---------------------------------------------------------------------------
 
-def load(source: str | Mapping[str, Any] | None,
-         guards: Iterable[type[Guard]],
-         environ: Mapping[str, str] | None = None,
-         cwd: str | None = None) -> Policy:
+
+def load(
+    source: str | Mapping[str, Any] | None,
+    guards: Iterable[type[Guard]],
+    environ: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> Policy:
     """Load and validate a policy, then apply the environment's overrides."""
     environ = os.environ if environ is None else environ
     guard_list = list(guards)
@@ -234,8 +257,12 @@ def read_toml(description: str, path: str, is_pyproject: bool = False) -> dict[s
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as exc:
-        raise PolicyError(description, "", f"cannot read the policy file: {exc.strerror or exc}",
-                          "a readable TOML file") from None
+        raise PolicyError(
+            description,
+            "",
+            f"cannot read the policy file: {exc.strerror or exc}",
+            "a readable TOML file",
+        ) from None
     cache = _ParseCache.shared()
     data = cache.get(path, raw)
     if data is None:
@@ -248,7 +275,7 @@ def _parse(description: str, raw: bytes, is_pyproject: bool) -> dict[str, Any]:
     try:
         import tomllib
     except ImportError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+        import tomli as tomllib  # type: ignore[no-redef, import-not-found, unused-ignore]
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -322,8 +349,13 @@ class _ParseCache:
 
 
 def _valid_entry(key: object, value: object) -> bool:
-    return (isinstance(key, str) and isinstance(value, tuple) and len(value) == 2
-            and isinstance(value[0], bytes) and isinstance(value[1], dict))
+    return (
+        isinstance(key, str)
+        and isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], bytes)
+        and isinstance(value[1], dict)
+    )
 
 
 def _cache_folder(environ: Mapping[str, str]) -> str | None:
@@ -333,8 +365,13 @@ def _cache_folder(environ: Mapping[str, str]) -> str | None:
     return os.path.join(base, "autograd-guard")
 
 
-def _build(source: str, data: dict[str, Any], guards: list[type[Guard]], depth: int,
-           folder: str | None = None) -> Policy:
+def _build(
+    source: str,
+    data: dict[str, Any],
+    guards: list[type[Guard]],
+    depth: int,
+    folder: str | None = None,
+) -> Policy:
     _check_keys(source, "", data, TOP_LEVEL_KEYS)
     if "extends" in data:
         base = _load_base(source, data["extends"], guards, depth, folder)
@@ -350,8 +387,9 @@ def _build(source: str, data: dict[str, Any], guards: list[type[Guard]], depth: 
         names = Option(list, []).check(source, "disable", data["disable"])
         for name in names:
             if name != "*" and name not in known:
-                raise PolicyError(source, "disable", f"unknown guard {name!r}",
-                                  ", ".join(["*", *known]))
+                raise PolicyError(
+                    source, "disable", f"unknown guard {name!r}", ", ".join(["*", *known])
+                )
         base.disabled |= set(names)
     if "guards" in data:
         _merge_guards(source, data["guards"], guards, base.guards)
@@ -360,8 +398,9 @@ def _build(source: str, data: dict[str, Any], guards: list[type[Guard]], depth: 
     return base
 
 
-def _load_base(source: str, extends: Any, guards: list[type[Guard]], depth: int,
-               folder: str | None) -> Policy:
+def _load_base(
+    source: str, extends: Any, guards: list[type[Guard]], depth: int, folder: str | None
+) -> Policy:
     name = Option(str, None).check(source, "extends", extends)
     if depth >= 8:
         raise PolicyError(source, "extends", "chain is too deep (a loop?)", "at most 8 levels")
@@ -371,12 +410,14 @@ def _load_base(source: str, extends: Any, guards: list[type[Guard]], depth: int,
 
 
 def _default_settings(guards: list[type[Guard]]) -> dict[str, GuardSettings]:
-    return {g.name: GuardSettings(g.name, {k: o.default for k, o in g.options.items()})
-            for g in guards}
+    return {
+        g.name: GuardSettings(g.name, {k: o.default for k, o in g.options.items()}) for g in guards
+    }
 
 
-def _merge_guards(source: str, table: Any, guards: list[type[Guard]],
-                  into: dict[str, GuardSettings]) -> None:
+def _merge_guards(
+    source: str, table: Any, guards: list[type[Guard]], into: dict[str, GuardSettings]
+) -> None:
     if not isinstance(table, dict):
         raise PolicyError(source, "guards", "must be a table of guard tables")
     by_name = {g.name: g for g in guards}
@@ -403,8 +444,9 @@ def _merge_guards(source: str, table: Any, guards: list[type[Guard]],
 
 def _parse_rules(source: str, rules: Any, guards: list[type[Guard]]) -> list[Rule]:
     if not isinstance(rules, list) or len(rules) > MAX_LIST:
-        raise PolicyError(source, "rules", "must be an array of tables ([[rules]])",
-                          f"at most {MAX_LIST} rules")
+        raise PolicyError(
+            source, "rules", "must be an array of tables ([[rules]])", f"at most {MAX_LIST} rules"
+        )
     actions = {g.rule_action: g for g in guards if g.rule_action}
     parsed = []
     for index, rule in enumerate(rules):
@@ -416,14 +458,17 @@ def _parse_rules(source: str, rules: Any, guards: list[type[Guard]]) -> list[Rul
         _check_keys(source, key, rule, (*RULE_KEYS, *guard.rule_options))
         target = rule.get("target")
         if not is_target(target):
-            raise PolicyError(source, f"{key}.target", f"invalid target {_short(target)}",
-                              "'package.module:function' or 'package.module:Class.method'")
+            raise PolicyError(
+                source,
+                f"{key}.target",
+                f"invalid target {_short(target)}",
+                "'package.module:function' or 'package.module:Class.method'",
+            )
         options = {k: o.default for k, o in guard.rule_options.items()}
         for option, value in rule.items():
             if option not in RULE_KEYS:
-                options[option] = guard.rule_options[option].check(
-                    source, f"{key}.{option}", value)
-        parsed.append(Rule(target, action, options))
+                options[option] = guard.rule_options[option].check(source, f"{key}.{option}", value)
+        parsed.append(Rule(str(target), action, options))
     return parsed
 
 
@@ -434,8 +479,12 @@ def _apply_environment(policy: Policy, environ: Mapping[str, str]) -> None:
     if value in MODES:
         policy.env_mode = value
     elif value not in ("1", "true", "on", "yes") and value not in OFF_VALUES:
-        raise PolicyError("AUTOGRAD_GUARD", "", f"invalid value {_short(value)}",
-                          "1, on, true, yes, observe, fix, strict, or 0/off/empty to disable")
+        raise PolicyError(
+            "AUTOGRAD_GUARD",
+            "",
+            f"invalid value {_short(value)}",
+            "1, on, true, yes, observe, fix, strict, or 0/off/empty to disable",
+        )
     disabled = environ.get("AUTOGRAD_GUARD_DISABLE", "")
     policy.disabled |= {n.strip() for n in disabled.split(",") if n.strip()}
     log = environ.get("AUTOGRAD_GUARD_LOG", "").strip()

@@ -15,8 +15,13 @@ from autograd_guard import _bootstrap, _policy, _versions
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
 
-ENVIRONMENT = ("AUTOGRAD_GUARD", "AUTOGRAD_GUARD_POLICY", "AUTOGRAD_GUARD_DISABLE",
-               "AUTOGRAD_GUARD_LOG", "AUTOGRAD_GUARD_CACHE")
+ENVIRONMENT = (
+    "AUTOGRAD_GUARD",
+    "AUTOGRAD_GUARD_POLICY",
+    "AUTOGRAD_GUARD_DISABLE",
+    "AUTOGRAD_GUARD_LOG",
+    "AUTOGRAD_GUARD_CACHE",
+)
 PTH_NAME = "autograd_guard.pth"
 
 STARTER = """\
@@ -58,8 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     report = commands.add_parser("report", help="summarise a JSON-lines event log")
     report.add_argument("file")
     args = parser.parse_args(argv)
-    handler = {"doctor": doctor, "check": check_policy, "init": init_policy, "run": run_command,
-               "report": report_log}[args.command]
+    handler = {
+        "doctor": doctor,
+        "check": check_policy,
+        "init": init_policy,
+        "run": run_command,
+        "report": report_log,
+    }[args.command]
     return handler(args)
 
 
@@ -74,10 +84,14 @@ def doctor(_: argparse.Namespace) -> int:
         print(f".pth          installed: {pth}")
     else:
         print(f".pth          MISSING: no {PTH_NAME} in {', '.join(site_dirs())}.")
-        print("              Setting AUTOGRAD_GUARD does nothing here. Reinstall without "
-              "--editable, or use 'autograd-guard run -- CMD'.")
-    print(f"auto-load     {'active in this process' if _bootstrap._started else 'not active'}"
-          f" (AUTOGRAD_GUARD {'requests it' if _bootstrap.requested() else 'is unset or off'})")
+        print(
+            "              Setting AUTOGRAD_GUARD does nothing here. Reinstall without "
+            "--editable, or use 'autograd-guard run -- CMD'."
+        )
+    print(
+        f"auto-load     {'active in this process' if _bootstrap._started else 'not active'}"
+        f" (AUTOGRAD_GUARD {'requests it' if _bootstrap.requested() else 'is unset or off'})"
+    )
     print("environment")
     for name in ENVIRONMENT:
         print(f"  {name}={os.environ[name]!r}" if name in os.environ else f"  {name} (unset)")
@@ -88,8 +102,10 @@ def doctor(_: argparse.Namespace) -> int:
         print(f"policy        INVALID: {exc}")
         return 1
     print(f"policy        {policy.source}")
-    print(f"mode          {policy.env_mode or policy.mode}"
-          f"{' (from AUTOGRAD_GUARD)' if policy.env_mode else ''}")
+    print(
+        f"mode          {policy.env_mode or policy.mode}"
+        f"{' (from AUTOGRAD_GUARD)' if policy.env_mode else ''}"
+    )
     print(f"log           {policy.log or 'stderr'}")
     print("guards")
     for guard in guards:
@@ -98,11 +114,16 @@ def doctor(_: argparse.Namespace) -> int:
             version = _versions.installed_version(guard.distribution)
             forced = policy.guards[guard.name].force
             affected = _versions.is_affected(version, guard.affected)
-            where = (f"{guard.distribution} {version}" if version
-                     else f"{guard.distribution} not installed")
-            verdict = ("forced on" if forced else "affected" if affected else "not affected")
-            print(f"  {guard.name:<18} mode={mode:<7} {where}; {verdict} "
-                  f"(affected: {guard.affected or 'all versions'})")
+            where = (
+                f"{guard.distribution} {version}"
+                if version
+                else f"{guard.distribution} not installed"
+            )
+            verdict = "forced on" if forced else "affected" if affected else "not affected"
+            print(
+                f"  {guard.name:<18} mode={mode:<7} {where}; {verdict} "
+                f"(affected: {guard.affected or 'all versions'})"
+            )
         else:
             stages = [r.target for r in policy.rules_for(guard.rule_action)]
             print(f"  {guard.name:<18} mode={mode:<7} rules: {', '.join(stages) or 'none'}")
@@ -131,8 +152,7 @@ def check_policy(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"invalid policy: {exc}", file=sys.stderr)
         return 1
-    print(f"ok: {policy.source} (mode {policy.env_mode or policy.mode}, "
-          f"{len(policy.rules)} rules)")
+    print(f"ok: {policy.source} (mode {policy.env_mode or policy.mode}, {len(policy.rules)} rules)")
     return 0
 
 
@@ -195,8 +215,10 @@ def report_log(args: argparse.Namespace) -> int:
     for pid in {*logged, *summarised}:
         counts.update(summarised.get(pid) or logged[pid])
     processes = len({*logged, *summarised})
-    print(f"{sum(counts.values())} interventions at {len(counts)} call sites "
-          f"in {processes} processes" + (f"; {bad} unreadable lines" if bad else ""))
+    print(
+        f"{sum(counts.values())} interventions at {len(counts)} call sites "
+        f"in {processes} processes" + (f"; {bad} unreadable lines" if bad else "")
+    )
     for guard in sorted({k[0] for k in counts}):
         print(f"{guard}:")
         for key in sorted(k for k in counts if k[0] == guard):

@@ -18,9 +18,14 @@ MODES = ("observe", "fix", "strict")
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("autograd-guard")
-    group.addoption("--autograd-guard", choices=MODES, default=None, dest="autograd_guard",
-                    help="guard the test session with the project's policy in this mode "
-                         "(strict turns every intervention into a test failure)")
+    group.addoption(
+        "--autograd-guard",
+        choices=MODES,
+        default=None,
+        dest="autograd_guard",
+        help="guard the test session with the project's policy in this mode "
+        "(strict turns every intervention into a test failure)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

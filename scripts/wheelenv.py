@@ -16,15 +16,34 @@ import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV_VARS = ("AUTOGRAD_GUARD", "AUTOGRAD_GUARD_POLICY", "AUTOGRAD_GUARD_DISABLE",
-            "AUTOGRAD_GUARD_LOG", "AUTOGRAD_GUARD_CACHE", "PYTHONPATH")
+ENV_VARS = (
+    "AUTOGRAD_GUARD",
+    "AUTOGRAD_GUARD_POLICY",
+    "AUTOGRAD_GUARD_DISABLE",
+    "AUTOGRAD_GUARD_LOG",
+    "AUTOGRAD_GUARD_CACHE",
+    "PYTHONPATH",
+)
 
 
 def build_wheel(out: Path) -> Path:
     """Build the project's wheel into ``out`` (hatchling must be importable)."""
     out.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(out), str(ROOT)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+    )
     return next(out.glob("autograd_guard-*.whl"))
 
 
@@ -34,15 +53,31 @@ def make_env(root: Path, wheel: Path | None, host_packages: bool = True) -> Path
         shutil.rmtree(root)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
-    site_packages = Path(subprocess.check_output(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        text=True).strip())
+    site_packages = Path(
+        subprocess.check_output(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            text=True,
+        ).strip()
+    )
     if host_packages:
         paths = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
         (site_packages / "zz_host_packages.pth").write_text("\n".join(paths) + "\n")
     if wheel is not None:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                        "--target", str(site_packages), str(wheel)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-index",
+                "--target",
+                str(site_packages),
+                str(wheel),
+            ],
+            check=True,
+        )
     return python
 
 

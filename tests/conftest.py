@@ -48,8 +48,10 @@ def make_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.syspath_prepend(str(root))
     yield make
     for name in list(sys.modules):
-        if any(name == c or name == c.split(".")[0] or name.startswith(c.split(".")[0] + ".")
-               for c in created):
+        if any(
+            name == c or name == c.split(".")[0] or name.startswith(c.split(".")[0] + ".")
+            for c in created
+        ):
             del sys.modules[name]
 
 
@@ -64,16 +66,24 @@ def guard_python(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return wheelenv.make_env(tmp_path_factory.mktemp("venv") / "env", wheel)
 
 
-def run_python(python: Path | str, code: str, cwd: Path, *args: str, check: bool = True,
-               **env: str) -> subprocess.CompletedProcess[str]:
+def run_python(
+    python: Path | str, code: str, cwd: Path, *args: str, check: bool = True, **env: str
+) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a child interpreter with a clean environment plus ``env``."""
     environ = wheelenv.clean_environ(**env)
     environ.setdefault("XDG_CACHE_HOME", str(cwd / ".xdg-cache"))
-    result = subprocess.run([str(python), *args, "-c", textwrap.dedent(code)], cwd=cwd,
-                            env=environ, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(python), *args, "-c", textwrap.dedent(code)],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if check and result.returncode != 0:
-        raise AssertionError(f"child failed ({result.returncode}):\n{result.stdout}\n"
-                             f"{result.stderr}")
+        raise AssertionError(
+            f"child failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+        )
     return result
 
 

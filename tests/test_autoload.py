@@ -64,7 +64,8 @@ def test_stage_is_guarded_when_set(guard_python, project):
 def test_target_imported_before_the_guard_starts(guard_python, project):
     # sitecustomize runs before the deferred start, so its import comes first.
     (project / "sitecustomize.py").write_text(
-        "from mesh_reconstruction.recon import reconstruct_stage1 as early\n")
+        "from mesh_reconstruction.recon import reconstruct_stage1 as early\n"
+    )
     code = """
     import sitecustomize, torch
     torch.set_grad_enabled(False)
@@ -99,12 +100,17 @@ def test_children_are_guarded(guard_python, project):
                              text=True).stdout.strip())
     """
     (project / "main.py").write_text(textwrap.dedent(code))
-    result = subprocess.run([str(guard_python), "main.py"], cwd=project, capture_output=True,
-                            text=True, timeout=300,
-                            env=wheelenv.clean_environ(AUTOGRAD_GUARD="1",
-                                                       PYTHONPATH=str(project)))
+    result = subprocess.run(
+        [str(guard_python), "main.py"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=wheelenv.clean_environ(AUTOGRAD_GUARD="1", PYTHONPATH=str(project)),
+    )
     assert result.stdout.split("\n")[:3] == ["spawn True", "fork True", "subprocess True"], (
-        result.stdout + result.stderr)
+        result.stdout + result.stderr
+    )
 
 
 def test_invalid_policy_runs_unguarded_with_a_clear_error(guard_python, project):
@@ -121,7 +127,8 @@ def test_invalid_policy_stops_the_program_in_strict(guard_python, project):
     result = run_python(guard_python, "print('ran')", project, check=False, AUTOGRAD_GUARD="1")
     assert result.returncode == 1 and "ran" not in result.stdout
     assert "autograd-guard: invalid policy:" in result.stderr and "speed: unknown key" in (
-        result.stderr)
+        result.stderr
+    )
 
 
 def test_uninstall_restores_the_original(guard_python, project):
@@ -132,7 +139,8 @@ def test_uninstall_restores_the_original(guard_python, project):
     print(recon.reconstruct_stage1 is original, autograd_guard.status()["installed"])
     """
     assert run_python(guard_python, code, project, AUTOGRAD_GUARD="1").stdout.strip() == (
-        "True False")
+        "True False"
+    )
 
 
 def test_runs_once_when_the_pth_is_processed_twice(guard_python, project):
@@ -153,24 +161,61 @@ def test_python_dash_s_skips_the_pth(guard_python, project):
 def test_run_command_where_pth_files_are_not_processed(wheel, tmp_path, project):
     # A --target install on PYTHONPATH: its .pth is never processed, `run` starts the guard.
     target = tmp_path / "target"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    str(target), str(wheel)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+    )
     (project / "usercode.py").write_text(textwrap.dedent(CALL_STAGE))
     env = wheelenv.clean_environ(PYTHONPATH=f"{target}:{project}")
-    plain = subprocess.run([sys.executable, "usercode.py"], cwd=project, env=env,
-                           capture_output=True, text=True, timeout=300)
+    plain = subprocess.run(
+        [sys.executable, "usercode.py"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "failed: element 0" in plain.stdout
-    guarded = subprocess.run([sys.executable, "-m", "autograd_guard.cli", "run", "--",
-                              sys.executable, "usercode.py"], cwd=project, env=env,
-                             capture_output=True, text=True, timeout=300)
+    guarded = subprocess.run(
+        [sys.executable, "-m", "autograd_guard.cli", "run", "--", sys.executable, "usercode.py"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert guarded.stdout.startswith("loss "), guarded.stderr
     assert "grad_mode/enable_grad" in guarded.stderr
 
 
 def test_editable_install_auto_loads(tmp_path, project):
     python = wheelenv.make_env(tmp_path / "editable", None)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
-                    "--no-deps", "--no-build-isolation", "--no-index", "-e", str(ROOT)],
-                   check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-e",
+            str(ROOT),
+        ],
+        check=True,
+    )
     result = run_python(python, CALL_STAGE, project, AUTOGRAD_GUARD="1")
     assert result.stdout.startswith("loss ")

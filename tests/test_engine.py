@@ -239,12 +239,23 @@ def test_json_lines_log_has_the_required_fields_and_no_values(toy, tmp_path, mon
     toy_pkg.core.compute(-1)
     from autograd_guard import _events
 
-    _events.emit("has a tensor", guard="toy", action="x", callsite="c",
-                 tensor=torch.full((2, 2), 123456.0))
+    _events.emit(
+        "has a tensor", guard="toy", action="x", callsite="c", tensor=torch.full((2, 2), 123456.0)
+    )
     records = [json.loads(line) for line in log.read_text().splitlines()]
     first = records[0]
-    for key in ("event", "guard", "action", "target", "callsite", "pid", "rank", "remedy",
-                "timestamp", "level"):
+    for key in (
+        "event",
+        "guard",
+        "action",
+        "target",
+        "callsite",
+        "pid",
+        "rank",
+        "remedy",
+        "timestamp",
+        "level",
+    ):
         assert key in first, key
     assert first["rank"] == "3"
     assert "123456" not in log.read_text()
@@ -260,8 +271,9 @@ def test_status_reports_the_policy(toy):
     assert not autograd_guard.status()["installed"]
 
 
-def test_install_from_environment_with_an_invalid_policy_runs_unguarded(toy, tmp_path,
-                                                                       monkeypatch, capsys):
+def test_install_from_environment_with_an_invalid_policy_runs_unguarded(
+    toy, tmp_path, monkeypatch, capsys
+):
     (tmp_path / "autograd_guard.toml").write_text('mode = "loud"\n')
     _engine.install_from_environment({})
     assert not autograd_guard.status()["installed"]

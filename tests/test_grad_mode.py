@@ -54,7 +54,7 @@ def test_guarded_main_thread_works_and_logs(stage_module, grad_off):
 
     with capture_events() as events:
         line = sys._getframe().f_lineno + 1
-        verts, loss = reconstruct_stage1(torch.ones(4))
+        _, loss = reconstruct_stage1(torch.ones(4))
     assert loss < 0.5
     assert not torch.is_grad_enabled()  # the caller's mode is back
     [event] = events
@@ -70,7 +70,7 @@ def test_guarded_inside_inference_mode(stage_module):
 
     with capture_events() as events, torch.inference_mode():
         target = torch.ones(4)  # an inference tensor: autograd cannot save it
-        verts, loss = reconstruct_stage1(target)
+        _, loss = reconstruct_stage1(target)
         assert torch.is_inference_mode_enabled()
     assert loss < 0.5
     assert events[0]["cause"] == "inference mode" and events[0]["cloned_inference_tensors"] == 1
@@ -107,19 +107,23 @@ def test_strict_raises_before_the_stage_runs(stage_module, grad_off):
     autograd_guard.install({"extends": "default", "mode": "strict"})
     from mesh_reconstruction.recon import reconstruct_stage1
 
-    with pytest.raises(autograd_guard.GuardError, match="grad_mode.*Remedy"):
+    with pytest.raises(autograd_guard.GuardError, match=r"grad_mode.*Remedy"):
         reconstruct_stage1(torch.ones(4))
 
 
 def test_a_stage_that_detaches_still_fails_with_a_note(make_module, grad_off):
-    make_module("my_pipeline.stages", """
+    make_module(
+        "my_pipeline.stages",
+        """
         import torch
         def fit(x):
             y = (x * 2).detach()
             y.sum().backward()
-    """)
-    autograd_guard.install({"rules": [{"target": "my_pipeline.stages:fit",
-                                       "action": "enable_grad"}]})
+    """,
+    )
+    autograd_guard.install(
+        {"rules": [{"target": "my_pipeline.stages:fit", "action": "enable_grad"}]}
+    )
     from my_pipeline.stages import fit
 
     with pytest.raises(RuntimeError, match=NO_GRAD) as info:
@@ -128,17 +132,20 @@ def test_a_stage_that_detaches_still_fails_with_a_note(make_module, grad_off):
 
 
 def test_user_rule_on_a_method(make_module, grad_off):
-    make_module("my_pipeline.model", """
+    make_module(
+        "my_pipeline.model",
+        """
         import torch
         class Refiner:
             def refine(self, x):
                 w = torch.zeros(1, requires_grad=True)
                 ((w - x) ** 2).sum().backward()
                 return w.grad.clone()
-    """)
-    autograd_guard.install({"rules": [{"target": "my_pipeline.model:Refiner.refine",
-                                       "action": "enable_grad"}]})
+    """,
+    )
+    autograd_guard.install(
+        {"rules": [{"target": "my_pipeline.model:Refiner.refine", "action": "enable_grad"}]}
+    )
     from my_pipeline.model import Refiner
 
     assert Refiner().refine(torch.ones(1)).item() == pytest.approx(-2.0)
-

@@ -62,7 +62,7 @@ def test_guard_overrides_and_environment(tmp_path):
     assert load(str(file), {"AUTOGRAD_GUARD": "1"}).mode_for("grad_mode") == "observe"
     assert load(str(file), {"AUTOGRAD_GUARD_DISABLE": "grad_mode"}).mode_for("grad_mode") == "off"
     assert load(str(file), {"AUTOGRAD_GUARD_DISABLE": "*"}).mode_for("grad_mode") == "off"
-    file.write_text('[guards.grad_mode]\nenabled = false\n')
+    file.write_text("[guards.grad_mode]\nenabled = false\n")
     assert load(str(file)).mode_for("grad_mode") == "off"
     file.write_text('disable = ["grad_mode"]\n')
     assert load(str(file)).mode_for("grad_mode") == "off"
@@ -70,26 +70,33 @@ def test_guard_overrides_and_environment(tmp_path):
 
 def test_user_rules_extend_the_default(tmp_path):
     file = tmp_path / "p.toml"
-    file.write_text('extends = "default"\n[[rules]]\ntarget = "my.stages:Fit.run"\n'
-                    'action = "enable_grad"\n')
+    file.write_text(
+        'extends = "default"\n[[rules]]\ntarget = "my.stages:Fit.run"\naction = "enable_grad"\n'
+    )
     targets = [r.target for r in load(str(file)).rules]
     assert targets[-1] == "my.stages:Fit.run" and len(targets) == 3
 
 
-@pytest.mark.parametrize(("text", "key", "allowed"), [
-    ('mode = "loud"', "mode", "'off', 'observe', 'fix', 'strict'"),
-    ("mode = 3", "mode", "'off', 'observe', 'fix', 'strict'"),
-    ('colour = "red"', "colour", "extends, mode, log, disable, guards, rules"),
-    ('[guards.nope]\nmode = "fix"', "guards.nope", "grad_mode"),
-    ('[guards.grad_mode]\nforce = "yes"', "guards.grad_mode.force", "true or false"),
-    ('[guards.grad_mode]\nspeed = 1', "guards.grad_mode.speed", "enabled, mode, force"),
-    ('disable = ["nope"]', "disable", "*, grad_mode"),
-    ('[[rules]]\ntarget = "no colon"\naction = "enable_grad"', "rules[0].target",
-     "'package.module:function'"),
-    ('[[rules]]\ntarget = "a:b"\naction = "explode"', "rules[0].action", "'enable_grad'"),
-    ('rules = "x"', "rules", "[[rules]]"),
-    ('extends = "nope"', "nope", "default, observe, strict"),
-])
+@pytest.mark.parametrize(
+    ("text", "key", "allowed"),
+    [
+        ('mode = "loud"', "mode", "'off', 'observe', 'fix', 'strict'"),
+        ("mode = 3", "mode", "'off', 'observe', 'fix', 'strict'"),
+        ('colour = "red"', "colour", "extends, mode, log, disable, guards, rules"),
+        ('[guards.nope]\nmode = "fix"', "guards.nope", "grad_mode"),
+        ('[guards.grad_mode]\nforce = "yes"', "guards.grad_mode.force", "true or false"),
+        ("[guards.grad_mode]\nspeed = 1", "guards.grad_mode.speed", "enabled, mode, force"),
+        ('disable = ["nope"]', "disable", "*, grad_mode"),
+        (
+            '[[rules]]\ntarget = "no colon"\naction = "enable_grad"',
+            "rules[0].target",
+            "'package.module:function'",
+        ),
+        ('[[rules]]\ntarget = "a:b"\naction = "explode"', "rules[0].action", "'enable_grad'"),
+        ('rules = "x"', "rules", "[[rules]]"),
+        ('extends = "nope"', "nope", "default, observe, strict"),
+    ],
+)
 def test_invalid_policy_names_file_key_and_allowed(tmp_path, text, key, allowed):
     file = tmp_path / "bad.toml"
     file.write_text(text + "\n")
@@ -113,7 +120,7 @@ def test_broken_toml_and_unreadable_file(tmp_path):
 
 
 def test_invalid_environment_value():
-    with pytest.raises(PolicyError, match="AUTOGRAD_GUARD.*allowed"):
+    with pytest.raises(PolicyError, match=r"AUTOGRAD_GUARD.*allowed"):
         load(environ={"AUTOGRAD_GUARD": "loud"})
 
 
@@ -151,6 +158,8 @@ def test_cached_and_fresh_parse_agree(tmp_path, monkeypatch):
     first = load(str(file))
     assert (tmp_path / "c" / "policies.marshal").exists()
     second = load(str(file))
-    assert (first.mode, first.guards["grad_mode"].force) == (second.mode,
-                                                              second.guards["grad_mode"].force)
+    assert (first.mode, first.guards["grad_mode"].force) == (
+        second.mode,
+        second.guards["grad_mode"].force,
+    )
     assert Path(second.source) == file

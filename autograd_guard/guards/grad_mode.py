@@ -31,8 +31,7 @@ class GradMode(Guard):
     name = "grad_mode"
     symptom = "a stage that calls backward() is entered with grad disabled or in inference mode"
     upstream = "https://github.com/AiuniAI/Unique3D/issues/19"
-    remedy = ("call the stage inside 'with torch.enable_grad():' and outside "
-              "torch.inference_mode()")
+    remedy = "call the stage inside 'with torch.enable_grad():' and outside torch.inference_mode()"
     rule_action = "enable_grad"
 
     def watch(self) -> Iterable[Target]:
@@ -41,15 +40,21 @@ class GradMode(Guard):
     def risky(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         torch = sys.modules.get("torch")
         return torch is not None and (
-            not torch.is_grad_enabled() or torch.is_inference_mode_enabled())
+            not torch.is_grad_enabled() or torch.is_inference_mode_enabled()
+        )
 
     def handle(self, call: Call) -> Any:
         torch = sys.modules["torch"]
         inference = torch.is_inference_mode_enabled()
         found = _count_inference_tensors(torch, (call.args, call.kwargs), 0)
         cause = "inference mode" if inference else "grad disabled"
-        if not self.intervene(call, "enable_grad", f"stage entered with {cause}; grad re-enabled",
-                              cause=cause, cloned_inference_tensors=found):
+        if not self.intervene(
+            call,
+            "enable_grad",
+            f"stage entered with {cause}; grad re-enabled",
+            cause=cause,
+            cloned_inference_tensors=found,
+        ):
             return self._proceed_with_note(call, call.args, call.kwargs, fixed=False)
         with torch.inference_mode(False), torch.enable_grad():
             args, kwargs = call.args, call.kwargs
@@ -57,8 +62,9 @@ class GradMode(Guard):
                 args, kwargs = _clone_inference_tensors(torch, (args, kwargs), 0)
             return self._proceed_with_note(call, args, kwargs, fixed=True)
 
-    def _proceed_with_note(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any],
-                           fixed: bool) -> Any:
+    def _proceed_with_note(
+        self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], fixed: bool
+    ) -> Any:
         try:
             return call.proceed(args, kwargs)
         except RuntimeError as exc:
@@ -69,12 +75,16 @@ class GradMode(Guard):
 
 def _note(target: str, fixed: bool) -> str:
     if fixed:
-        return (f"autograd-guard: grad was re-enabled for the stage {target}, so the tensor was "
-                "cut from the graph inside it: look for torch.no_grad(), .detach() or "
-                "inputs that do not require grad.")
-    return (f"autograd-guard: the stage {target} was entered with grad disabled (for example "
-            "torch.set_grad_enabled(False) in __main__, which worker threads do not inherit). "
-            "Call it inside 'with torch.enable_grad():' or run the guard in 'fix' mode.")
+        return (
+            f"autograd-guard: grad was re-enabled for the stage {target}, so the tensor was "
+            "cut from the graph inside it: look for torch.no_grad(), .detach() or "
+            "inputs that do not require grad."
+        )
+    return (
+        f"autograd-guard: the stage {target} was entered with grad disabled (for example "
+        "torch.set_grad_enabled(False) in __main__, which worker threads do not inherit). "
+        "Call it inside 'with torch.enable_grad():' or run the guard in 'fix' mode."
+    )
 
 
 def _count_inference_tensors(torch: Any, value: Any, depth: int) -> int:

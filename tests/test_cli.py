@@ -1,0 +1,102 @@
+"""The autograd-guard command and the pytest plugin."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autograd_guard import cli
+
+pytest_plugins = ["pytester"]
+
+
+def test_doctor(capsys, monkeypatch):
+    monkeypatch.setenv("AUTOGRAD_GUARD_DISABLE", "grad_mode")
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "python" in out and "torch         2." in out
+    assert "AUTOGRAD_GUARD_DISABLE='grad_mode'" in out
+    assert "policy        preset default" in out
+    assert "grad_mode          mode=off" in out
+    assert ".pth" in out
+
+
+def test_doctor_reports_an_invalid_policy(tmp_path, capsys):
+    (tmp_path / "autograd_guard.toml").write_text("mode = 1\n")
+    assert cli.main(["doctor"]) == 1
+    assert "policy        INVALID" in capsys.readouterr().out
+
+
+def test_check_and_init(tmp_path, capsys):
+    assert cli.main(["init"]) == 0
+    assert cli.main(["check", "autograd_guard.toml"]) == 0
+    assert "ok: autograd_guard.toml (mode fix, 2 rules)" in capsys.readouterr().out
+    assert cli.main(["init"]) == 1  # never overwrites silently
+    (tmp_path / "bad.toml").write_text('[guards.grad_mode]\nmode = "loud"\n')
+    assert cli.main(["check", "bad.toml"]) == 1
+    err = capsys.readouterr().err
+    assert "bad.toml: guards.grad_mode.mode: invalid value 'loud'" in err
+
+
+def test_report(tmp_path, capsys):
+    log = tmp_path / "events.jsonl"
+    records = [
+        {
+            "guard": "grad_mode",
+            "action": "enable_grad",
+            "callsite": "a.py:1",
+            "pid": 1,
+            "event": "stage entered",
+        },
+        {
+            "guard": "grad_mode",
+            "action": "enable_grad",
+            "callsite": "a.py:1",
+            "pid": 2,
+            "event": "stage entered",
+        },
+        {
+            "guard": "autograd_guard",
+            "action": "summary",
+            "callsite": "-",
+            "pid": 1,
+            "sites": ["grad_mode/enable_grad at a.py:1 x40"],
+        },
+    ]
+    log.write_text("\n".join(json.dumps(r) for r in records) + "\nnot json\n")
+    assert cli.main(["report", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "41 interventions at 1 call sites in 2 processes; 1 unreadable lines" in out
+    assert "41x  enable_grad    a.py:1" in out
+
+
+def test_run_needs_a_command(capsys):
+    assert cli.main(["run", "--"]) == 2
+
+
+def test_pytest_plugin_strict_and_fixture(pytester: pytest.Pytester):
+    package = pytester.mkpydir("mesh_reconstruction")
+    (package / "recon.py").write_text(
+        "import torch\n"
+        "def reconstruct_stage1(x):\n"
+        "    w = torch.zeros(1, requires_grad=True)\n"
+        "    ((w - x) ** 2).sum().backward()\n"
+        "    return w.grad\n"
+    )
+    pytester.makepyfile(
+        test_stage="""
+        import torch
+        from mesh_reconstruction.recon import reconstruct_stage1
+
+        def test_stage(autograd_guard_events):
+            with torch.no_grad():
+                reconstruct_stage1(torch.ones(1))
+            assert [e["guard"] for e in autograd_guard_events] == ["grad_mode"]
+    """
+    )
+    pytester.syspathinsert()
+    assert pytester.runpytest_subprocess("--autograd-guard=fix").ret == 0
+    strict = pytester.runpytest_subprocess("--autograd-guard=strict")
+    assert strict.ret == 1
+    strict.stdout.fnmatch_lines(["*GuardError*grad_mode*"])
