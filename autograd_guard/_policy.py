@@ -211,11 +211,15 @@ def _resolve_named(named: str, key: str, relative_to: str | None = None) -> tupl
 
 
 def _has_tool_table(pyproject: str) -> bool:
+    """A line opening ``[tool.autograd_guard...]`` or setting ``tool.autograd_guard.*``;
+    checked on the bytes, so that a pyproject.toml without it is never parsed."""
     try:
         with open(pyproject, "rb") as f:
-            return b"autograd_guard" in f.read()
+            lines = f.read().splitlines()
     except OSError:
         return False
+    return any(line.lstrip().startswith((b"[tool.autograd_guard", b"tool.autograd_guard."))
+               for line in lines)
 
 
 def is_target(text: object) -> bool:

@@ -163,3 +163,14 @@ def test_cached_and_fresh_parse_agree(tmp_path, monkeypatch):
         second.guards["grad_mode"].force,
     )
     assert Path(second.source) == file
+
+
+def test_pyproject_that_only_names_the_package_is_not_a_policy(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "autograd_guard_user"\ndependencies = ["autograd_guard"]\n'
+    )
+    assert load(cwd=tmp_path).source == "preset default"
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.autograd_guard.guards.grad_mode]\nmode = "observe"\n'
+    )
+    assert load(cwd=tmp_path).mode_for("grad_mode") == "observe"
