@@ -6,7 +6,7 @@ import _thread
 import os
 import sys
 
-from autograd_guard import _events, _importer, _patching, _policy
+from autograd_guard import _events, _importer, _patching, _policy, _versions
 from autograd_guard.errors import PolicyError
 
 TYPE_CHECKING = False
@@ -41,6 +41,7 @@ def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
             loaded = _policy.load(policy, guard_classes)
         _events.configure(loaded.log)
         _events.reset()
+        _versions.clear_cache()
         _policy_in_force, _error = loaded, None
         for guard_class in guard_classes:
             guard = guard_class(loaded)
@@ -134,7 +135,7 @@ def status() -> dict[str, Any]:
             "guards": {
                 g.name: {
                     "mode": g.mode,
-                    "distribution": g.distribution,
+                    "distribution": g.installed_as or g.distribution,
                     "version": g.version,
                     "affected": g.affected or "all versions",
                     "state": g.state,

@@ -164,7 +164,7 @@ class Guard:
     """Base class of every guard. Subclasses declare the class attributes and ``handle``."""
 
     name: ClassVar[str] = ""
-    distribution: ClassVar[str | None] = None
+    distribution: ClassVar[str | tuple[str, ...] | None] = None
     affected: ClassVar[str] = ""
     symptom: ClassVar[str] = ""
     upstream: ClassVar[str] = ""
@@ -181,6 +181,7 @@ class Guard:
         self.config: dict[str, Any] = policy.guards[self.name].options
         self.active = True
         self.version: str | None = None
+        self.installed_as: str | None = None
         self.state = "waiting for import"
         self.places: list[str] = []
         self._wrappers: dict[str, Callable[..., Any]] = {}
@@ -194,8 +195,8 @@ class Guard:
 
     def needed(self) -> bool:
         """Whether to patch at all: the installed version is affected, or the policy forces it."""
-        if self.forced or not self.distribution:
-            return True
+        if self.forced or not self.distribution or not self.affected:
+            return True  # forced, application code, or every version of the library
         return _versions.is_affected(self.version, self.affected)
 
     def risky(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -258,9 +259,9 @@ class Guard:
     def attach(self, module: ModuleType, target: Target, late: bool) -> None:
         """Called once ``target.module`` is imported: gate on the version, then patch."""
         if self.distribution:
-            self.version = _versions.installed_version(self.distribution)
+            self.installed_as, self.version = _versions.first_installed(self.distribution)
         if not self.needed():
-            self.state = f"not needed for {self.distribution} {self.version}"
+            self.state = f"not needed for {self.installed_as} {self.version}"
             return
         patched = _patching.wrap(
             module, target.qualname, self._wrapper_for(target), target.aliases, scan_modules=late
@@ -274,6 +275,7 @@ class Guard:
                 "target was imported before the guard; its references were updated",
                 action="late_patch",
                 callsite=str(target),
+                target=str(target),
                 level="info",
                 places=patched.places,
             )

@@ -72,17 +72,18 @@ def _set(owner: object, attribute: str, original: object, replacement: object) -
 
 
 def _replace_everywhere(original: object, replacement: object) -> list[str]:
-    """Point stale module-level references (``from x import f`` done earlier) at the wrapper."""
-    places = []
+    """Point stale ``from x import f`` references, made before the guard, at the wrapper.
+
+    Only names equal to the function's own name are touched: a reference kept under
+    another name (``original = f``) is the caller's on purpose.
+    """
+    key = getattr(original, "__name__", None)
+    places: list[str] = []
+    if not isinstance(key, str):
+        return places
     for name, module in list(sys.modules.items()):
         namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
-            continue
-        try:
-            stale = [k for k, v in namespace.items() if v is original]
-        except RuntimeError:  # the dict changed under us (another thread importing)
-            continue
-        for key in stale:
+        if isinstance(namespace, dict) and namespace.get(key) is original:
             _set(module, key, original, replacement)
             places.append(f"{name}:{key}")
     return places

@@ -218,8 +218,10 @@ def _has_tool_table(pyproject: str) -> bool:
             lines = f.read().splitlines()
     except OSError:
         return False
-    return any(line.lstrip().startswith((b"[tool.autograd_guard", b"tool.autograd_guard."))
-               for line in lines)
+    return any(
+        line.lstrip().startswith((b"[tool.autograd_guard", b"tool.autograd_guard."))
+        for line in lines
+    )
 
 
 def is_target(text: object) -> bool:

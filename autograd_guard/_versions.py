@@ -17,6 +17,19 @@ def installed_version(distribution: str) -> str | None:
     return _cache[distribution]
 
 
+def first_installed(distributions: str | tuple[str, ...]) -> tuple[str, str | None]:
+    """The first of ``distributions`` that is installed, with its version.
+
+    A library can be published under several names (``pytorch3d``, ``easypytorch3d``).
+    """
+    names = (distributions,) if isinstance(distributions, str) else distributions
+    for name in names:
+        version = installed_version(name)
+        if version is not None:
+            return name, version
+    return names[0], None
+
+
 def is_affected(version: str | None, specifier: str) -> bool:
     """True when ``version`` falls in ``specifier``; local labels (``2.1.20+xpu``) count."""
     if version is None:

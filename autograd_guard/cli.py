@@ -111,14 +111,12 @@ def doctor(_: argparse.Namespace) -> int:
     for guard in guards:
         mode = policy.mode_for(guard.name)
         if guard.distribution:
-            version = _versions.installed_version(guard.distribution)
+            name, version = _versions.first_installed(guard.distribution)
             forced = policy.guards[guard.name].force
-            affected = _versions.is_affected(version, guard.affected)
-            where = (
-                f"{guard.distribution} {version}"
-                if version
-                else f"{guard.distribution} not installed"
+            affected = version is not None and (
+                not guard.affected or _versions.is_affected(version, guard.affected)
             )
+            where = f"{name} {version}" if version else f"{name} not installed"
             verdict = "forced on" if forced else "affected" if affected else "not affected"
             print(
                 f"  {guard.name:<18} mode={mode:<7} {where}; {verdict} "

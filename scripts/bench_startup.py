@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import wheelenv  # noqa: E402
+import wheelenv
 
 
 def timed(cmd: list[str], env: dict[str, str], cwd: str) -> float:
@@ -50,7 +50,9 @@ def main() -> None:
     otel = shutil.which("opentelemetry-instrument")
     if otel:
         cases["opentelemetry-instrument python -c pass"] = (
-            [otel, sys.executable, "-c", "pass"], off)
+            [otel, sys.executable, "-c", "pass"],
+            off,
+        )
     startup = run_round_robin(cases, args.runs, cwd)
     torch_cases = {
         "import torch, guard off": ([installed, "-c", "import torch"], off),
@@ -64,28 +66,43 @@ def main() -> None:
     rows = [
         ("package absent", base, 1.0, ""),
         ("installed, variable unset", unset, unset / base, "<= 1.01x"),
-        ("installed, variable set, no target", setv, setv / base,
-         f"<= +5 ms (measured {setv - base:+.2f} ms)"),
+        (
+            "installed, variable set, no target",
+            setv,
+            setv / base,
+            f"<= +5 ms (measured {setv - base:+.2f} ms)",
+        ),
     ]
     if otel:
         value = startup["opentelemetry-instrument python -c pass"]
         rows.append(("opentelemetry-instrument python -c pass", value, value / base, "for scale"))
     else:
-        rows.append(("opentelemetry-instrument python -c pass", float("nan"), float("nan"),
-                     "not installed here"))
+        rows.append(
+            (
+                "opentelemetry-instrument python -c pass",
+                float("nan"),
+                float("nan"),
+                "not installed here",
+            )
+        )
     t_off, t_on = torch_times["import torch, guard off"], torch_times["import torch, guard on"]
-    rows += [("import torch, guard off", t_off, 1.0, ""),
-             ("import torch, guard on", t_on, t_on / t_off, "<= 1.02x")]
-    print(f"\nstart-up, medians of {args.runs} runs ({args.torch_runs} for torch), "
-          f"round-robin, Python {sys.version.split()[0]}")
+    rows += [
+        ("import torch, guard off", t_off, 1.0, ""),
+        ("import torch, guard on", t_on, t_on / t_off, "<= 1.02x"),
+    ]
+    print(
+        f"\nstart-up, medians of {args.runs} runs ({args.torch_runs} for torch), "
+        f"round-robin, Python {sys.version.split()[0]}"
+    )
     print(f"{'case':<42} {'median ms':>10} {'ratio':>8}  goal")
     for name, value, ratio, goal in rows:
         print(f"{name:<42} {value:>10.2f} {ratio:>7.3f}x  {goal}")
     shutil.rmtree(work, ignore_errors=True)
 
 
-def run_round_robin(cases: dict[str, tuple[list[str], dict[str, str]]], runs: int,
-                    cwd: str) -> dict[str, float]:
+def run_round_robin(
+    cases: dict[str, tuple[list[str], dict[str, str]]], runs: int, cwd: str
+) -> dict[str, float]:
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(runs):
         for name, (cmd, env) in cases.items():

@@ -64,16 +64,18 @@ def test_stage_is_guarded_when_set(guard_python, project):
 def test_target_imported_before_the_guard_starts(guard_python, project):
     # sitecustomize runs before the deferred start, so its import comes first.
     (project / "sitecustomize.py").write_text(
-        "from mesh_reconstruction.recon import reconstruct_stage1 as early\n"
+        "from mesh_reconstruction.recon import reconstruct_stage1\n"
     )
     code = """
     import sitecustomize, torch
     torch.set_grad_enabled(False)
-    print("loss", sitecustomize.early(torch.ones(3))[1])
+    print("loss", sitecustomize.reconstruct_stage1(torch.ones(3))[1])
     """
     result = run_python(guard_python, code, project, AUTOGRAD_GUARD="1", PYTHONPATH=str(project))
     assert result.stdout.startswith("loss ")
-    assert "sitecustomize:early" in result.stderr  # the late patch fixed the stale name
+    assert (
+        "sitecustomize:reconstruct_stage1" in result.stderr
+    )  # the late patch fixed the stale name
 
 
 def test_children_are_guarded(guard_python, project):

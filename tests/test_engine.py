@@ -60,7 +60,8 @@ def toy(make_module):
 
 
 def policy(**toy):
-    return {"guards": {"toy": toy}} if toy else {}
+    """Only the toy guard: the built-in ones are switched off to keep these tests apart."""
+    return {"disable": [g.name for g in guards.builtin()], "guards": {"toy": toy}}
 
 
 def test_hook_fires_on_import_and_patches_the_reexport(toy):
@@ -95,7 +96,7 @@ def test_target_imported_before_the_guard(toy, make_module):
     with capture_events() as events:
         autograd_guard.install(policy())
     assert toy_user.compute is toy_pkg.compute is toy_pkg.core.compute is not original
-    [late] = [e for e in events if e["action"] == "late_patch"]
+    [late] = [e for e in events if e["action"] == "late_patch" and e["guard"] == "toy"]
     assert "toy_user:compute" in late["places"]
     autograd_guard.uninstall()
     assert toy_user.compute is toy_pkg.compute is toy_pkg.core.compute is original
@@ -159,7 +160,7 @@ def test_guard_failures_fail_open(toy, stage):
 
 
 def test_guard_failure_in_strict_raises(toy):
-    autograd_guard.install({"mode": "strict", "guards": {"toy": {"fail_in": "check"}}})
+    autograd_guard.install({**policy(fail_in="check"), "mode": "strict"})
     import toy_pkg.core
 
     with pytest.raises(autograd_guard.GuardError, match="failed in check"):
@@ -169,16 +170,16 @@ def test_guard_failure_in_strict_raises(toy):
 def test_modes(toy):
     import toy_pkg.core
 
-    autograd_guard.install({"mode": "observe"})
+    autograd_guard.install({**policy(), "mode": "observe"})
     with capture_events() as events:
         assert toy_pkg.core.compute(-3) == -6
     assert events[0]["mode"] == "observe"
-    autograd_guard.install({"mode": "strict"})
+    autograd_guard.install({**policy(), "mode": "strict"})
     with pytest.raises(autograd_guard.GuardError) as info:
         toy_pkg.core.compute(-3)
     assert "toy" in str(info.value) and "pass a positive number" in str(info.value)
     assert __file__ in str(info.value)
-    autograd_guard.install({"mode": "off"})
+    autograd_guard.install({**policy(), "mode": "off"})
     assert toy_pkg.core.compute(-3) == -6
     assert autograd_guard.status()["guards"]["toy"]["state"] == "off"
 
@@ -233,7 +234,7 @@ def test_json_lines_log_has_the_required_fields_and_no_values(toy, tmp_path, mon
 
     log = tmp_path / "events.jsonl"
     monkeypatch.setenv("RANK", "3")
-    autograd_guard.install({"log": str(log)})
+    autograd_guard.install({**policy(), "log": str(log)})
     import toy_pkg.core
 
     toy_pkg.core.compute(-1)

@@ -8,7 +8,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from autograd_guard._guard import Guard
 
-BUILTIN = ("grad_mode",)
+BUILTIN = ("grad_mode", "pytorch3d_taubin")
 
 _registered: list[type[Guard]] = []
 

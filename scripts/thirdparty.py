@@ -1,0 +1,86 @@
+"""Install the real third-party libraries that the guards protect into cached folders of
+their own (``pip install --no-deps --target``), so that several versions can sit side by
+side without touching the environment. Used by the tests and the benchmarks.
+
+    python scripts/thirdparty.py pytorch3d    # prints the folder
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+CACHE = Path(
+    os.environ.get(
+        "AUTOGRAD_GUARD_TEST_CACHE",
+        Path(__file__).resolve().parent.parent / ".cache" / "thirdparty",
+    )
+)
+
+# name -> (pip requirements, extra environment, extra pip arguments)
+PACKAGES: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
+    # PyTorch3D's real Python code without its compiled extension.
+    "pytorch3d": (
+        ["easypytorch3d==0.7.9.post1"],
+        {"PYTORCH3D_NO_EXTENSION": "1"},
+        ["--no-build-isolation", "--no-binary", "easypytorch3d"],
+    ),
+}
+
+
+def install(name: str) -> Path:
+    """The folder holding ``name``, installed on first use."""
+    requirements, env, extra = PACKAGES[name]
+    folder = CACHE / name
+    marker = folder / ".complete"
+    if not marker.exists():
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--target",
+                str(folder),
+                *extra,
+                *requirements,
+            ],
+            check=True,
+            env={**os.environ, **env},
+        )
+        marker.write_text(" ".join(requirements))
+    return folder
+
+
+def import_pytorch3d() -> types.ModuleType:
+    """Import the real PyTorch3D Python code with a stand-in for its compiled extension.
+
+    Stand-in: ``pytorch3d._C`` is the C++/CUDA extension, which cannot be built here;
+    ``taubin_smoothing``, ``Meshes`` and ``ico_sphere`` only read these constants from it.
+    """
+    folder = str(install("pytorch3d"))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    if "pytorch3d._C" not in sys.modules:
+        stand_in = types.ModuleType("pytorch3d._C")
+        stand_in.MAX_INT = 2147483647  # type: ignore[attr-defined]
+        stand_in.MAX_UINT = 4294967295  # type: ignore[attr-defined]
+        stand_in.MAX_USHORT = 65535  # type: ignore[attr-defined]
+        stand_in.EPS = 1e-6  # type: ignore[attr-defined]
+        sys.modules["pytorch3d._C"] = stand_in
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Sparse invariant checks")
+    import pytorch3d
+
+    return pytorch3d
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        print(install(arg))
