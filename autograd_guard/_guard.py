@@ -116,6 +116,13 @@ class Call:
         self.result = result
         return result
 
+    def replace(self, name: str, position: int, value: Any) -> None:
+        """Pass ``value`` for this argument to ``proceed()`` (the caller's objects are kept)."""
+        if name in self.kwargs or position >= len(self.args):
+            self.kwargs = {**self.kwargs, name: value}
+        else:
+            self.args = (*self.args[:position], value, *self.args[position + 1 :])
+
     def argument(self, name: str, position: int, default: Any = None) -> Any:
         """An argument passed by keyword ``name`` or at ``position``."""
         if name in self.kwargs:
@@ -203,6 +210,10 @@ class Guard:
         """A cheap test run on every call; False lets the call through untouched."""
         return True
 
+    def check_for(self, target: Target) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], bool]:
+        """The ``risky`` test for ``target`` (a guard with several targets may differ)."""
+        return self.risky
+
     def handle(self, call: Call) -> Any:
         """Deal with a risky call. Must run the library through ``call.proceed()``."""
         return call.proceed()
@@ -289,7 +300,7 @@ class Guard:
         return wrapper
 
     def _make_wrapper(self, target: Target) -> Callable[..., Any]:
-        risky = self.risky
+        risky = self.check_for(target)
 
         def autograd_guard_wrapper(
             wrapped: Callable[..., Any],
@@ -307,6 +318,7 @@ class Guard:
                     return self._guarded(target, wrapped, instance, args, kwargs)
             return wrapped(*args, **kwargs)
 
+        autograd_guard_wrapper._autograd_guard_owner = self.name  # type: ignore[attr-defined]
         return autograd_guard_wrapper
 
     def _guarded(

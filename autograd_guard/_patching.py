@@ -62,8 +62,12 @@ def wrap(
 
 
 def _is_ours(obj: object, wrapper: Wrapper) -> bool:
-    # Bound methods are new objects on each access, so compare with ==, not is.
-    return bool(getattr(obj, "_self_wrapper", None) == wrapper)
+    """Already wrapped by the same guard (one function can be reached by two targets)."""
+    current = getattr(obj, "_self_wrapper", None)
+    owner = getattr(wrapper, "_autograd_guard_owner", None)
+    return current is wrapper or (
+        owner is not None and getattr(current, "_autograd_guard_owner", None) == owner
+    )
 
 
 def _set(owner: object, attribute: str, original: object, replacement: object) -> None:

@@ -1,0 +1,212 @@
+"""Guard ``warp_torch_args``: torch tensors passed straight to ``wp.launch`` under a Tape.
+
+Symptom: inside ``with wp.Tape():`` a ``torch.Tensor`` given to ``wp.launch`` is
+corrupted by ``tape.backward()``: the gradient is added into its values (a tensor of
+ones becomes twos), with no error. ``Tape.get_adjoint()`` returned the argument itself
+for anything that was not a Warp array, so the adjoint kernel accumulated into the
+caller's buffer. A tensor that requires grad makes the launch fail on every version
+("Can't call numpy() on Tensor that requires grad"): Warp reads the array interface and
+never calls ``wp.from_torch``, so no gradient can reach it.
+Affected: warp-lang 1.3.0 to 1.5.1 (1.0 to 1.2 reject torch tensors; 1.6.0 and later
+drop the gradient instead).
+Upstream: NVIDIA/warp#394, "Fix unintended modification of non-Warp arrays during the
+backward pass" (1.6.0).
+Remedy: ``convert`` passes ``wp.from_torch(t, dtype=<the kernel parameter's dtype>)``,
+which has no gradient buffer to write into; ``snapshot`` copies the tensors when
+``Tape.backward`` starts and puts back any that it changed. ``bridge_grads`` (opt-in,
+any version) converts tensors that require grad with ``requires_grad=True``, so that
+``tape.backward`` fills ``t.grad``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from autograd_guard import _versions
+from autograd_guard._guard import Call, Guard, Option, Target
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any
+
+# Positions in wp.launch(kernel, dim, inputs, outputs, adj_inputs, adj_outputs, device,
+# stream, adjoint, record_tape, ...), the same from 1.3 to 1.19.
+INPUTS, OUTPUTS, RECORD_TAPE = 2, 3, 9
+
+
+class WarpTorchArgs(Guard):
+    name = "warp_torch_args"
+    distribution = "warp-lang"
+    affected = ">=1.3.0,<1.6.0"
+    symptom = "tape.backward() adds gradients into torch tensors passed to wp.launch"
+    upstream = "https://github.com/NVIDIA/warp/pull/394"
+    remedy = (
+        "pass wp.from_torch(t, dtype=...) instead of the torch tensor, "
+        "or upgrade warp-lang to 1.6 or later"
+    )
+    targets = (
+        Target("warp.context", "launch", aliases=("warp:launch",)),  # up to 1.12
+        Target("warp._src.context", "launch", aliases=("warp:launch",)),  # 1.10 and later
+        Target("warp.tape", "Tape.backward"),
+        Target("warp._src.tape", "Tape.backward"),
+    )
+    options = {
+        "action": Option(
+            str, "convert", "how to protect the tensors", choices=("convert", "snapshot")
+        ),
+        "bridge_grads": Option(bool, False, "give tensors that require grad a Warp gradient"),
+    }
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._context: ModuleType | None = None
+        self._watched: Any = None  # tape -> [(name, tensor)], for the snapshot action
+
+    def needed(self) -> bool:
+        return bool(self.config["bridge_grads"]) or super().needed()
+
+    @property
+    def corrupts(self) -> bool:
+        """Whether the installed version writes into torch tensors (or the policy says so)."""
+        return self.forced or _versions.is_affected(self.version, self.affected)
+
+    def attach(self, module: ModuleType, target: Target, late: bool) -> None:
+        if target.qualname == "launch" and (self._context is None or "_src" in module.__name__):
+            self._context = module  # holds `runtime`, whose `tape` records launches
+        super().attach(module, target, late)
+
+    def check_for(self, target: Target) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], bool]:
+        return self._backward_check if target.qualname == "Tape.backward" else self._launch_check
+
+    # -- wp.launch -------------------------------------------------------------------
+
+    def _launch_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        if not self.config["bridge_grads"] and not self._recording(args, kwargs):
+            return False
+        tensor = torch.Tensor
+        return any(
+            isinstance(value, tensor)
+            for position, name in ((INPUTS, "inputs"), (OUTPUTS, "outputs"))
+            for value in _argument(args, kwargs, name, position) or ()
+        )
+
+    def _recording(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        runtime = getattr(self._context, "runtime", None)
+        if getattr(runtime, "tape", None) is None:
+            return False
+        return bool(_argument(args, kwargs, "record_tape", RECORD_TAPE, True))
+
+    def handle(self, call: Call) -> Any:
+        if call.target.qualname == "Tape.backward":
+            return self._backward(call)
+        torch, warp = sys.modules["torch"], sys.modules["warp"]
+        kernel = call.argument("kernel", 0)
+        params = kernel.adj.args
+        inputs = list(call.argument("inputs", INPUTS) or ())
+        outputs = list(call.argument("outputs", OUTPUTS) or ())
+        recording = self._recording(call.args, call.kwargs)
+        bridge, exposed = [], []  # (index, parameter)
+        for index, value in enumerate(inputs + outputs):
+            if not isinstance(value, torch.Tensor) or index >= len(params):
+                continue
+            if value.requires_grad:
+                if self.config["bridge_grads"]:
+                    bridge.append((index, params[index]))
+            elif recording and self.corrupts:
+                exposed.append((index, params[index]))
+        arguments = inputs + outputs
+        if bridge and self.intervene(
+            call,
+            "bridge_grads",
+            f"torch tensors {_names(bridge)} require grad: given a Warp gradient with "
+            "wp.from_torch",
+            arguments=_names(bridge),
+        ):
+            _convert(warp, arguments, bridge, requires_grad=True)
+        action = self.config["action"]
+        remedy = "converted with wp.from_torch" if action == "convert" else "snapshotted"
+        if exposed and self.intervene(
+            call,
+            action,
+            f"torch tensors {_names(exposed)} passed to wp.launch under a Tape would be "
+            f"changed by tape.backward(); {remedy}",
+            arguments=_names(exposed),
+            shapes=[list(arguments[i].shape) for i, _ in exposed],
+        ):
+            if action == "convert":
+                _convert(warp, arguments, exposed, requires_grad=False)
+            else:
+                self._watch(exposed, arguments)
+        if bridge or exposed:
+            call.replace("inputs", INPUTS, arguments[: len(inputs)])
+            call.replace("outputs", OUTPUTS, arguments[len(inputs) :])
+        return call.proceed()
+
+    # -- Tape.backward (snapshot action) -----------------------------------------------
+
+    def _watch(self, exposed: list[tuple[int, Any]], arguments: list[Any]) -> None:
+        import weakref
+
+        if self._watched is None:
+            self._watched = weakref.WeakKeyDictionary()
+        tape = self._context.runtime.tape  # type: ignore[union-attr]
+        watched = self._watched.setdefault(tape, [])
+        for index, param in exposed:
+            if all(t is not arguments[index] for _, t in watched):
+                watched.append((param.label, arguments[index]))
+
+    def _backward_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        return self._watched is not None and instance in self._watched
+
+    def _backward(self, call: Call) -> Any:
+        from autograd_guard._snapshot import Snapshot
+
+        # Copy when backward starts: changes the caller made since the launch are kept.
+        snapshot = Snapshot()
+        for name, tensor in self._watched.get(call.instance, ()):
+            snapshot.add(name, tensor)
+        result = call.proceed()
+        changes = snapshot.changes()
+        if changes:
+            snapshot.restore(changes)
+            self.emit(
+                "tape.backward() wrote into torch tensors; their values were restored",
+                action="snapshot_restored",
+                callsite=call.callsite,
+                target=str(call.target),
+                changes=[c.describe() for c in changes],
+            )
+        return result
+
+
+def _argument(
+    args: tuple[Any, ...], kwargs: dict[str, Any], name: str, position: int, default: Any = None
+) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    return args[position] if position < len(args) else default
+
+
+def _names(items: list[tuple[int, Any]]) -> list[str]:
+    return [param.label for _, param in items]
+
+
+def _convert(
+    warp: Any, arguments: list[Any], items: list[tuple[int, Any]], requires_grad: bool
+) -> None:
+    """Replace torch tensors by Warp arrays of the kernel parameter's dtype, in place."""
+    for index, param in items:
+        declared = param.type
+        if not isinstance(declared, warp.array):
+            continue  # indexed or fabric arrays: leave the argument to Warp
+        array = warp.from_torch(arguments[index], dtype=declared.dtype, requires_grad=requires_grad)
+        if array.ndim == declared.ndim:
+            arguments[index] = array
+
+
+GUARD = WarpTorchArgs

@@ -1,0 +1,138 @@
+"""Guard warp_torch_args against real Warp on CPU: 1.5.1 (affected) and 1.19.0 (fixed),
+each in child interpreters of its own."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import thirdparty
+from conftest import run_python
+
+AFFECTED, NEWEST = "1.5.1", "1.19.0"
+
+# The reproduction from the issue, with cpu for cuda; prints a JSON line of results.
+SCRIPT = """
+import json, os, torch
+import autograd_guard
+from autograd_guard.testing import capture_events
+policy = json.loads(os.environ["TEST_POLICY"])
+if policy is not None:
+    autograd_guard.install(policy)
+import warp as wp
+wp.config.quiet = True
+wp.init()
+
+@wp.kernel
+def k(x: wp.array(dtype=wp.vec3), y: wp.array(dtype=wp.vec3), z: wp.array(dtype=wp.vec3)):
+    i = wp.tid(); z[i] = x[i] + y[i]
+
+@wp.kernel
+def square(x: wp.array(dtype=wp.vec3), m: wp.array(dtype=wp.mat33), s: wp.array2d(dtype=float),
+           z: wp.array(dtype=wp.vec3)):
+    i = wp.tid(); z[i] = wp.cw_mul(x[i], x[i]) + m[i] * x[i] + wp.vec3(s[i, 0])
+
+result = {"version": wp.config.version}
+with capture_events() as events:
+    x = torch.ones((10, 3)); y = torch.ones((10, 3)); z = torch.zeros((10, 3))
+    wp_y = wp.from_torch(y, dtype=wp.vec3, requires_grad=True)
+    wp_z = wp.from_torch(z, dtype=wp.vec3, requires_grad=True)
+    tape = wp.Tape()
+    try:
+        with tape:
+            wp.launch(k, dim=10, inputs=[x, wp_y], outputs=[wp_z], device="cpu")  # LAUNCH
+        tape.backward(grads={wp_z: wp.ones_like(wp_z)})
+        result["x"] = x[0].tolist()
+        result["z"] = z[0].tolist()
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+
+    # Vector, matrix and 2-D parameters; x requires grad: bridged or a crash.
+    x = torch.arange(15.0).reshape(5, 3).requires_grad_()
+    m = torch.eye(3).repeat(5, 1, 1)
+    s = torch.ones((5, 2))
+    z = torch.zeros((5, 3)); wp_z = wp.from_torch(z, dtype=wp.vec3, requires_grad=True)
+    tape = wp.Tape()
+    try:
+        with tape:
+            wp.launch(square, dim=5, inputs=[x, m, s], outputs=[wp_z], device="cpu")
+        tape.backward(grads={wp_z: wp.ones_like(wp_z)})
+        result["grad"] = None if x.grad is None else x.grad.tolist()
+        result["expected_grad"] = (2 * x.detach() + 1).tolist()
+        result["m"], result["s"] = m[0].tolist(), s[0].tolist()
+    except Exception as exc:
+        result["grad_error"] = f"{type(exc).__name__}: {exc}"
+result["events"] = events
+result["wrapped"] = hasattr(wp.launch, "__wrapped__")
+print(json.dumps(result, default=str))
+"""
+
+
+@pytest.fixture(scope="module")
+def warp_cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("warp-kernel-cache"))
+
+
+def run(version, policy, tmp_path, warp_cache):
+    folder = thirdparty.install(f"warp-{version}")
+    (tmp_path / "repro.py").write_text(SCRIPT)
+    code = "import runpy, sys; runpy.run_path('repro.py', run_name='__main__')"
+    out = run_python(sys.executable, code, tmp_path, PYTHONPATH=str(folder),
+                     WARP_CACHE_PATH=warp_cache, TEST_POLICY=json.dumps(policy)).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def line_of_launch() -> int:
+    # SCRIPT starts with a newline, which the written file keeps as its line 1.
+    return next(i for i, line in enumerate(SCRIPT.splitlines(), 1) if "# LAUNCH" in line)
+
+
+def test_affected_version_corrupts_unguarded(tmp_path, warp_cache):
+    result = run(AFFECTED, None, tmp_path, warp_cache)
+    assert result["version"] == AFFECTED
+    assert result["x"] == [2.0, 2.0, 2.0]  # the gradient was added into the caller's tensor
+    assert "Can't call numpy() on Tensor that requires grad" in result["grad_error"]
+
+
+@pytest.mark.parametrize("action", ["convert", "snapshot"])
+def test_affected_version_guarded(tmp_path, warp_cache, action):
+    result = run(AFFECTED, {"guards": {"warp_torch_args": {"action": action}}}, tmp_path,
+                 warp_cache)
+    assert result["x"] == [1.0, 1.0, 1.0] and result["z"] == [2.0, 2.0, 2.0]
+    first, second = [e for e in result["events"] if e["action"] == action]
+    assert first["arguments"] == ["x"] and first["callsite"] == f"repro.py:{line_of_launch()}"
+    assert second["arguments"] == ["m", "s"]  # matrix and 2-D parameters; x requires grad
+    if action == "snapshot":
+        [restored] = [e for e in result["events"] if e["action"] == "snapshot_restored"]
+        assert restored["changes"][0]["argument"] == "x"
+        assert restored["changes"][0]["max_abs_change"] == 1.0
+    assert "grad_error" in result  # without bridge_grads, requires_grad still fails as before
+
+
+def test_affected_version_strict_raises_before_the_launch(tmp_path, warp_cache):
+    result = run(AFFECTED, {"mode": "strict"}, tmp_path, warp_cache)
+    assert result["error"].startswith("GuardError")
+    assert "['x']" in result["error"] and "wp.from_torch" in result["error"]
+    assert "x" not in result
+
+
+def test_newest_version_is_left_alone(tmp_path, warp_cache):
+    unguarded = run(NEWEST, None, tmp_path, warp_cache)
+    guarded = run(NEWEST, {}, tmp_path, warp_cache)
+    assert unguarded["version"] == NEWEST
+    assert unguarded["x"] == guarded["x"] == [1.0, 1.0, 1.0]
+    assert guarded["events"] == [] and guarded["wrapped"] is False
+    assert "Can't call numpy()" in guarded["grad_error"]
+
+
+@pytest.mark.parametrize("version", [AFFECTED, NEWEST])
+def test_bridge_grads_fills_the_analytic_gradient(tmp_path, warp_cache, version):
+    policy = {"guards": {"warp_torch_args": {"bridge_grads": True}}}
+    result = run(version, policy, tmp_path, warp_cache)
+    assert result["grad"] == result["expected_grad"]  # d/dx sum(x*x + I x + s) = 2x + 1
+    assert result["m"] == [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    assert result["s"] == [1.0, 1.0]  # the inputs that did not require grad are unchanged
+    assert result["x"] == [1.0, 1.0, 1.0]
+    [bridge] = [e for e in result["events"] if e["action"] == "bridge_grads"]
+    assert bridge["arguments"] == ["x"]
