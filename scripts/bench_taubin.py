@@ -56,20 +56,26 @@ print(json.dumps({{"times": times, "peak_mib": peak / 1024, "verts": mesh.verts_
 
 def measure(impl: str, level: int, backward: bool, reps: int) -> dict[str, float]:
     code = CHILD.format(here=str(HERE), impl=impl, level=level, backward=backward, reps=reps)
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], check=True, capture_output=True, text=True
+    ).stdout
     result = json.loads(out.strip().splitlines()[-1])
     times = result["times"][1:] if len(result["times"]) > 2 else result["times"]  # warm-up
-    return {"median_s": statistics.median(times), "peak_mib": result["peak_mib"],
-            "verts": result["verts"]}
+    return {
+        "median_s": statistics.median(times),
+        "peak_mib": result["peak_mib"],
+        "verts": result["verts"],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--levels", type=int, nargs="+", default=[4, 5, 6, 7])
     args = parser.parse_args()
-    print(f"{'mesh':<14} {'V':>7} {'pass':<18} {'pytorch3d':>12} {'ours':>10} {'speed-up':>9}"
-          f" {'p3d peak':>10} {'our peak':>10} {'mem ratio':>9}")
+    print(
+        f"{'mesh':<14} {'V':>7} {'pass':<18} {'pytorch3d':>12} {'ours':>10} {'speed-up':>9}"
+        f" {'p3d peak':>10} {'our peak':>10} {'mem ratio':>9}"
+    )
     for level in args.levels:
         for backward in (False, True):
             ours = measure("ours", level, backward, reps=6 if level < 7 else 3)
@@ -81,16 +87,22 @@ def main() -> None:
             name = "forward + backward" if backward else "forward, no grad"
             row = f"ico_sphere({level})  {ours['verts']:>7} {name:<18} "
             if theirs:
-                row += (f"{theirs['median_s']:>11.3f}s {ours['median_s']:>9.3f}s "
-                        f"{theirs['median_s'] / ours['median_s']:>8.1f}x "
-                        f"{theirs['peak_mib']:>8.0f}Mi {ours['peak_mib']:>8.0f}Mi "
-                        f"{ours['peak_mib'] / max(theirs['peak_mib'], 1e-9):>8.3f}x")
+                row += (
+                    f"{theirs['median_s']:>11.3f}s {ours['median_s']:>9.3f}s "
+                    f"{theirs['median_s'] / ours['median_s']:>8.1f}x "
+                    f"{theirs['peak_mib']:>8.0f}Mi {ours['peak_mib']:>8.0f}Mi "
+                    f"{ours['peak_mib'] / max(theirs['peak_mib'], 1e-9):>8.3f}x"
+                )
             else:
-                row += (f"{'skipped':>12} {ours['median_s']:>9.3f}s {'':>9} {'':>10} "
-                        f"{ours['peak_mib']:>8.0f}Mi")
+                row += (
+                    f"{'skipped':>12} {ours['median_s']:>9.3f}s {'':>9} {'':>10} "
+                    f"{ours['peak_mib']:>8.0f}Mi"
+                )
             print(row, flush=True)
-    print("\ngoals: ico_sphere(5) forward+backward >= 100x faster with <= 1/10 of the peak "
-          "memory; ico_sphere(6) < 1 s, ico_sphere(7) < 5 s; forward >= 2x faster")
+    print(
+        "\ngoals: ico_sphere(5) forward+backward >= 100x faster with <= 1/10 of the peak "
+        "memory; ico_sphere(6) < 1 s, ico_sphere(7) < 5 s; forward >= 2x faster"
+    )
 
 
 if __name__ == "__main__":

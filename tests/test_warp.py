@@ -78,8 +78,14 @@ def run(version, policy, tmp_path, warp_cache):
     folder = thirdparty.install(f"warp-{version}")
     (tmp_path / "repro.py").write_text(SCRIPT)
     code = "import runpy, sys; runpy.run_path('repro.py', run_name='__main__')"
-    out = run_python(sys.executable, code, tmp_path, PYTHONPATH=str(folder),
-                     WARP_CACHE_PATH=warp_cache, TEST_POLICY=json.dumps(policy)).stdout
+    out = run_python(
+        sys.executable,
+        code,
+        tmp_path,
+        PYTHONPATH=str(folder),
+        WARP_CACHE_PATH=warp_cache,
+        TEST_POLICY=json.dumps(policy),
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -97,8 +103,9 @@ def test_affected_version_corrupts_unguarded(tmp_path, warp_cache):
 
 @pytest.mark.parametrize("action", ["convert", "snapshot"])
 def test_affected_version_guarded(tmp_path, warp_cache, action):
-    result = run(AFFECTED, {"guards": {"warp_torch_args": {"action": action}}}, tmp_path,
-                 warp_cache)
+    result = run(
+        AFFECTED, {"guards": {"warp_torch_args": {"action": action}}}, tmp_path, warp_cache
+    )
     assert result["x"] == [1.0, 1.0, 1.0] and result["z"] == [2.0, 2.0, 2.0]
     first, second = [e for e in result["events"] if e["action"] == action]
     assert first["arguments"] == ["x"] and first["callsite"] == f"repro.py:{line_of_launch()}"
