@@ -25,6 +25,8 @@ PACKAGES: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
     # Affected by NVIDIA/warp#394, and the newest (fixed) release, side by side.
     "warp-1.5.1": (["warp-lang==1.5.1"], {}, []),
     "warp-1.19.0": (["warp-lang==1.19.0"], {}, []),
+    # Pure-Python wheel; it imports packaging without declaring it (installed with us).
+    "gsplat": (["gsplat==1.5.3"], {}, []),
     # PyTorch3D's real Python code without its compiled extension.
     "pytorch3d": (
         ["easypytorch3d==0.7.9.post1"],

@@ -8,7 +8,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from autograd_guard._guard import Guard
 
-BUILTIN = ("grad_mode", "pytorch3d_taubin", "warp_torch_args")
+BUILTIN = ("grad_mode", "pytorch3d_taubin", "warp_torch_args", "gsplat_means2d")
 
 _registered: list[type[Guard]] = []
 

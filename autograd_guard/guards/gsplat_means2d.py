@@ -1,0 +1,82 @@
+"""Guard ``gsplat_means2d``: ``meta["means2d"].grad`` is None after backward.
+
+Symptom: ``render_colors, render_alphas, meta = gsplat.rasterization(...)`` returns the
+projected 2D means as ``meta["means2d"]``, a non-leaf tensor, so its ``.grad`` stays
+None unless ``retain_grad()`` was called on that exact object before ``backward()``.
+Calling it on a derived tensor (``* 1``, a slice, ``.squeeze(0)``, a clone) leaves both
+grads None, and ``DefaultStrategy.step_post_backward`` without ``step_pre_backward``
+fails with "'NoneType' object has no attribute 'clone'". Densification then runs on no
+gradient at all.
+Affected: every gsplat version whose ``rasterization`` returns ``meta`` (1.0.0 on).
+Upstream: nerfstudio-project/gsplat#467.
+Remedy: ``fix`` calls ``retain_grad()`` on ``meta["means2d"]`` right after the call
+(with ``absgrad=True`` the backward also sets ``.absgrad``); ``observe`` logs;
+``strict`` raises from ``backward()`` where the gradient would really be lost, so code
+that retains it itself passes.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from autograd_guard._guard import Call, Guard, Target
+from autograd_guard.errors import GuardError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class GsplatMeans2d(Guard):
+    name = "gsplat_means2d"
+    distribution = "gsplat"
+    affected = ">=1.0.0"
+    symptom = "meta['means2d'].grad is None after backward()"
+    upstream = "https://github.com/nerfstudio-project/gsplat/issues/467"
+    remedy = (
+        "call meta['means2d'].retain_grad() right after rasterization() "
+        "(or strategy.step_pre_backward) and before backward()"
+    )
+    targets = (Target("gsplat.rendering", "rasterization", aliases=("gsplat:rasterization",)),)
+
+    def risky(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        torch = sys.modules.get("torch")
+        return torch is not None and torch.is_grad_enabled()
+
+    def handle(self, call: Call) -> Any:
+        result = call.proceed()
+        means2d = result[2].get("means2d") if isinstance(result[2], dict) else None
+        # Not differentiable (with_ut / with_eval3d, gsplat#726): nothing to keep.
+        if means2d is None or not means2d.requires_grad or means2d.is_leaf:
+            return result
+        shape = list(means2d.shape)
+        if self.mode == "strict":
+            import weakref
+
+            tensor, callsite = weakref.ref(means2d), call.callsite
+            means2d.register_hook(lambda grad: self._lost(tensor(), callsite, shape))
+        elif self.intervene(
+            call, "retain_grad", "meta['means2d'] gradient kept with retain_grad()", shape=shape
+        ):
+            means2d.retain_grad()
+        return result
+
+    def _lost(self, means2d: Any, callsite: str, shape: list[int]) -> None:
+        # Runs inside backward(): the user's own retain_grad() was in time, or not.
+        if means2d is None or means2d.retains_grad:
+            return
+        self.emit(
+            "meta['means2d'] gradient lost: retain_grad() was not called on it",
+            action="retain_grad",
+            callsite=callsite,
+            level="error",
+            target="gsplat.rendering:rasterization",
+            shape=shape,
+        )
+        raise GuardError(
+            f"autograd-guard [{self.name}] at {callsite}: meta['means2d'] "
+            f"gradient lost in backward(). Remedy: {self.remedy}"
+        )
+
+
+GUARD = GsplatMeans2d
