@@ -50,8 +50,28 @@ def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
                 guard.state = "off"
                 continue
             for target in guard.watch():
-                late = target.module in sys.modules
-                _importer.when_imported(target.module, _attach_hook(guard, target, late))
+                _watch(guard, target)
+
+
+def _watch(guard: Guard, target: Target) -> None:
+    def watch_target(_: object = None) -> None:
+        late = target.module in sys.modules
+        _importer.when_imported(target.module, _attach_hook(guard, target, late))
+
+    if target.after is None:
+        watch_target()
+    else:  # wait for the trigger module first
+        _importer.when_imported(target.after, _fail_open(guard, watch_target))
+
+
+def _fail_open(guard: Guard, hook: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+    def safe(module: ModuleType) -> None:
+        try:
+            hook(module)
+        except Exception as exc:
+            guard.fail("hook", exc)
+
+    return safe
 
 
 def _attach_hook(guard: Guard, target: Target, late: bool) -> Callable[[ModuleType], None]:

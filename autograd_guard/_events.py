@@ -84,6 +84,7 @@ def emit(
         "guard": guard,
         "action": action,
         "callsite": callsite,
+        "level": level,
         "pid": os.getpid(),
     }
     rank = os.environ.get("RANK")

@@ -48,14 +48,27 @@ def _wrapt_dir() -> str:
 
 
 class Target:
-    """A callable to wrap: ``module`` defines ``qualname``; ``aliases`` re-export it."""
+    """A callable to wrap: ``module`` defines ``qualname``; ``aliases`` re-export it.
 
-    __slots__ = ("aliases", "module", "qualname")
+    With ``after``, nothing happens until that module is imported too (a guard for a
+    library that changes another library's behaviour, such as IPEX and torch).
+    """
 
-    def __init__(self, module: str, qualname: str, aliases: Iterable[str] = ()) -> None:
+    __slots__ = ("after", "aliases", "module", "qualname", "skip")
+
+    def __init__(
+        self,
+        module: str,
+        qualname: str,
+        aliases: Iterable[str] = (),
+        after: str | None = None,
+        skip: Iterable[str] = (),
+    ) -> None:
         self.module = module
         self.qualname = qualname
         self.aliases = tuple(aliases)
+        self.after = after
+        self.skip = tuple(skip)  # more packages whose frames are not the call site
 
     def __str__(self) -> str:
         return f"{self.module}:{self.qualname}"
@@ -134,16 +147,17 @@ class Call:
     @property
     def callsite(self) -> str:
         if self._callsite is None:
-            self._callsite = find_callsite(self.target.module.partition(".")[0])
+            target = self.target
+            self._callsite = find_callsite(target.module.partition(".")[0], *target.skip)
         return self._callsite
 
 
-def find_callsite(library: str = "") -> str:
+def find_callsite(*libraries: str) -> str:
     """``file:line`` of the code that called the wrapped function.
 
     Starts above the engine's wrapper frame, so a guard's own frames never count
-    (wherever the guard lives), and skips wrapt and ``library`` itself where a caller
-    outside them exists.
+    (wherever the guard lives), and skips wrapt and the ``libraries`` (top-level package
+    names) where a caller outside them exists.
     """
     global _OWN_DIRS
     if len(_OWN_DIRS) == 1:
@@ -154,12 +168,11 @@ def find_callsite(library: str = "") -> str:
         frame = frame.f_back
     frame = frame.f_back if frame is not None else start
     fallback = None
-    prefix = library + "."
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(_OWN_DIRS):
-            module = frame.f_globals.get("__name__", "")
-            if not library or (module != library and not module.startswith(prefix)):
+            package = frame.f_globals.get("__name__", "").partition(".")[0]
+            if package not in libraries:
                 return f"{filename}:{frame.f_lineno}"
             if fallback is None:
                 fallback = f"{filename}:{frame.f_lineno}"

@@ -8,7 +8,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from autograd_guard._guard import Guard
 
-BUILTIN = ("grad_mode", "pytorch3d_taubin", "warp_torch_args", "gsplat_means2d")
+BUILTIN = ("grad_mode", "pytorch3d_taubin", "warp_torch_args", "gsplat_means2d", "ipex_xpu")
 
 _registered: list[type[Guard]] = []
 

@@ -1,0 +1,250 @@
+"""Guard ``ipex_xpu``: Intel Extension for PyTorch diverges from the CPU in inference.
+
+Symptom: TripoSR on an Intel GPU (XPU) with IPEX 2.1.10+xpu produced distorted meshes
+while the CPU output was right (intel/intel-extension-for-pytorch#579). Its image
+tokenizer (a transformers ViT called with ``interpolate_pos_encoding=True``) hits two
+differences: dropout modules left in training mode (TripoSR never calls ``.eval()``),
+and ``F.interpolate(mode="bicubic", scale_factor=...)``, whose ``scale_factor`` the XPU
+kernel ignored before 2.1.30 (IPEX #3759, #3892).
+Affected: intel-extension-for-pytorch below 2.1.30 (``2.1.20+xpu`` included).
+Remedy: on the affected devices, a training-mode dropout under no_grad or inference mode
+is the identity (the inference of a model never put in eval mode), and bicubic
+interpolation with a scale factor is computed on the CPU and moved back. Opt-in: every
+Nth forward of the listed classes is re-run on a CPU copy and compared. Nothing is
+patched until IPEX itself is imported.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from autograd_guard._guard import Call, Guard, Option, Target
+from autograd_guard.errors import GuardError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from typing import Any
+
+IPEX = "intel_extension_for_pytorch"
+DROPOUTS = (
+    "dropout",
+    "dropout1d",
+    "dropout2d",
+    "dropout3d",
+    "alpha_dropout",
+    "feature_alpha_dropout",
+)
+
+_reference = threading.local()
+
+
+def in_reference_run() -> bool:
+    """True while the cross-check re-runs a module on the CPU."""
+    return getattr(_reference, "active", False)
+
+
+class IpexXpu(Guard):
+    name = "ipex_xpu"
+    distribution = "intel-extension-for-pytorch"
+    affected = "<2.1.30"
+    symptom = "XPU inference diverges from CPU: training-mode dropout, bicubic scale_factor"
+    upstream = "https://github.com/intel/intel-extension-for-pytorch/issues/579"
+    remedy = (
+        "upgrade intel-extension-for-pytorch to 2.1.30 or later, and call model.eval() "
+        "before inference"
+    )
+    options = {
+        "devices": Option(list, ["xpu"], "device types treated as affected"),
+        "dropout": Option(bool, True, "training-mode dropout in inference is the identity"),
+        "bicubic": Option(bool, True, "bicubic interpolation with a scale factor on the CPU"),
+        "crosscheck": Option(list, [], "module:Class names re-run on a CPU copy"),
+        "crosscheck_every": Option(
+            int, 10, "re-run every Nth forward", minimum=1, maximum=1_000_000
+        ),
+        "crosscheck_max": Option(int, 5, "re-runs per class at most", minimum=0, maximum=1_000_000),
+        "crosscheck_atol": Option(float, 1e-4, "absolute tolerance", minimum=0.0),
+        "crosscheck_rtol": Option(float, 1e-3, "relative tolerance", minimum=0.0),
+    }
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._devices = frozenset(self.config["devices"])
+        self._forwards: dict[str, int] = {}
+        self._checks: dict[str, int] = {}
+
+    def watch(self) -> Iterable[Target]:
+        targets = []
+        if self.config["dropout"]:
+            targets += [Target("torch.nn.functional", name, after=IPEX) for name in DROPOUTS]
+        if self.config["bicubic"]:
+            targets.append(Target("torch.nn.functional", "interpolate", after=IPEX))
+        for name in self.config["crosscheck"]:
+            module, _, cls = name.partition(":")
+            # Called through torch's Module.__call__: the call site is the model's caller.
+            targets.append(Target(module, f"{cls}.forward", after=IPEX, skip=("torch",)))
+        return targets
+
+    def check_for(self, target: Target) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], bool]:
+        if target.qualname == "interpolate":
+            return self._bicubic_check
+        if target.qualname.endswith(".forward"):
+            return self._forward_check
+        return self._dropout_check
+
+    def _on_device(self, tensor: Any) -> bool:
+        device = getattr(tensor, "device", None)
+        return device is not None and device.type in self._devices and not in_reference_run()
+
+    # -- dropout ---------------------------------------------------------------------
+
+    def _dropout_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        training = kwargs.get("training", args[2] if len(args) > 2 else True)
+        if not training:
+            return False
+        torch = sys.modules["torch"]
+        inference = not torch.is_grad_enabled() or torch.is_inference_mode_enabled()
+        return inference and self._on_device(kwargs.get("input", args[0] if args else None))
+
+    def _dropout(self, call: Call) -> Any:
+        tensor = call.argument("input", 0)
+        if self.intervene(
+            call,
+            "dropout_identity",
+            f"{call.target.qualname}(training=True) in inference on "
+            f"{tensor.device.type}: dropout skipped; call model.eval()",
+            p=call.argument("p", 1, 0.5),
+        ):
+            return tensor
+        return call.proceed()
+
+    # -- bicubic -----------------------------------------------------------------------
+
+    def _bicubic_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
+        scale = kwargs.get("scale_factor", args[2] if len(args) > 2 else None)
+        return (
+            mode == "bicubic"
+            and scale is not None
+            and self._on_device(kwargs.get("input", args[0] if args else None))
+        )
+
+    def _bicubic(self, call: Call) -> Any:
+        tensor = call.argument("input", 0)
+        if not self.intervene(
+            call,
+            "bicubic_on_cpu",
+            f"bicubic interpolation with scale_factor on {tensor.device.type}: computed on the CPU",
+            shape=list(tensor.shape),
+        ):
+            return call.proceed()
+        call.replace("input", 0, tensor.cpu())
+        return call.proceed().to(tensor.device)
+
+    # -- cross-check ---------------------------------------------------------------------
+
+    def _forward_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        if instance is None or in_reference_run():
+            return False
+        name = type(instance).__qualname__
+        count = self._forwards[name] = self._forwards.get(name, 0) + 1
+        return (
+            count % self.config["crosscheck_every"] == 0
+            and self._checks.get(name, 0) < self.config["crosscheck_max"]
+            and any(self._on_device(t) for t in _tensors((args, kwargs)))
+        )
+
+    def _crosscheck(self, call: Call) -> Any:
+        import copy
+
+        torch = sys.modules["torch"]
+        result = call.proceed()
+        name = type(call.instance).__qualname__
+        self._checks[name] = self._checks.get(name, 0) + 1
+        _reference.active = True
+        try:
+            with torch.no_grad():
+                reference = copy.deepcopy(call.instance).to("cpu")
+                cpu_args, cpu_kwargs = _to_cpu(torch, (call.args, call.kwargs))
+                expected = reference(*cpu_args, **cpu_kwargs)
+        finally:
+            _reference.active = False
+        abs_diff, rel_diff = _max_differences(torch, result, expected)
+        atol, rtol = self.config["crosscheck_atol"], self.config["crosscheck_rtol"]
+        diverged = abs_diff > atol and rel_diff > rtol
+        event = f"{name} on the device {'diverges from' if diverged else 'matches'} a CPU re-run"
+        self.emit(
+            event,
+            action="crosscheck",
+            callsite=call.callsite,
+            target=str(call.target),
+            level="warning" if diverged else "info",
+            max_abs_diff=abs_diff,
+            max_rel_diff=rel_diff,
+            atol=atol,
+            rtol=rtol,
+            check=self._checks[name],
+        )
+        if diverged and self.mode == "strict":
+            raise GuardError(
+                f"autograd-guard [{self.name}] at {call.callsite}: {event} "
+                f"(max abs diff {abs_diff:.3g}). Remedy: {self.remedy}"
+            )
+        return result
+
+    def handle(self, call: Call) -> Any:
+        if call.target.qualname == "interpolate":
+            return self._bicubic(call)
+        if call.target.qualname.endswith(".forward"):
+            return self._crosscheck(call)
+        return self._dropout(call)
+
+
+def _tensors(value: Any) -> Iterable[Any]:
+    torch = sys.modules["torch"]
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+def _to_cpu(torch: Any, value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, tuple):
+        return tuple(_to_cpu(torch, v) for v in value)
+    if isinstance(value, list):
+        return [_to_cpu(torch, v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_cpu(torch, v) for k, v in value.items()}
+    return value
+
+
+def _max_differences(torch: Any, actual: Any, expected: Any) -> tuple[float, float]:
+    """Largest absolute and relative difference over every tensor in two outputs."""
+    worst_abs = worst_rel = 0.0
+    pairs = zip(_tensors(_as_plain(actual)), _tensors(_as_plain(expected)), strict=False)
+    for got, want in pairs:
+        if not (got.is_floating_point() and got.shape == want.shape):
+            continue
+        diff = (got.detach().cpu().double() - want.double()).abs()
+        if diff.numel():
+            worst_abs = max(worst_abs, float(diff.max()))
+            scale = want.double().abs().clamp_min(1e-12)
+            worst_rel = max(worst_rel, float((diff / scale).max()))
+    return worst_abs, worst_rel
+
+
+def _as_plain(value: Any) -> Any:
+    """transformers' ModelOutput becomes a tuple of its tensors."""
+    if hasattr(value, "to_tuple"):
+        return value.to_tuple()
+    return value
+
+
+GUARD = IpexXpu
