@@ -46,6 +46,9 @@ def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
         for guard_class in guard_classes:
             guard = guard_class(loaded)
             _guards.append(guard)
+            if guard.unavailable:
+                guard.state = guard.unavailable
+                continue
             if guard.mode == "off":
                 guard.state = "off"
                 continue
@@ -156,6 +159,7 @@ def status() -> dict[str, Any]:
                 g.name: {
                     "mode": g.mode,
                     "distribution": g.installed_as or g.distribution,
+                    "provided_by": g.provided_by,
                     "version": g.version,
                     "affected": g.affected or "all versions",
                     "state": g.state,

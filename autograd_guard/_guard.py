@@ -83,7 +83,6 @@ class Call:
     __slots__ = (
         "_callsite",
         "args",
-        "entered",
         "has_result",
         "instance",
         "kwargs",
@@ -106,7 +105,6 @@ class Call:
         self.instance = instance
         self.args = args
         self.kwargs = kwargs
-        self.entered = False
         self.has_result = False
         self.result: Any = None
         self.library_error: BaseException | None = None
@@ -116,7 +114,6 @@ class Call:
         self, args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = None
     ) -> Any:
         """Run the original callable (with these arguments, if given)."""
-        self.entered = True
         try:
             result = self.wrapped(
                 *(self.args if args is None else args),
@@ -193,6 +190,8 @@ class Guard:
     options: ClassVar[dict[str, Option]] = {}
     rule_action: ClassVar[str] = ""
     rule_options: ClassVar[dict[str, Option]] = {}
+    provided_by: ClassVar[str] = "autograd-guard"  # the distribution that ships the guard
+    unavailable: ClassVar[str] = ""  # why a third-party guard could not be loaded
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -314,6 +313,8 @@ class Guard:
 
     def _make_wrapper(self, target: Target) -> Callable[..., Any]:
         risky = self.check_for(target)
+        always = getattr(risky, "__func__", None) is Guard.risky  # no check to run
+        handle = self.handle
 
         def autograd_guard_wrapper(
             wrapped: Callable[..., Any],
@@ -321,41 +322,32 @@ class Guard:
             args: tuple[Any, ...],
             kwargs: dict[str, Any],
         ) -> Any:
-            if self.active:
+            if not self.active:
+                return wrapped(*args, **kwargs)
+            if not always:
                 try:
-                    needs_care = risky(instance, args, kwargs)
+                    if not risky(instance, args, kwargs):
+                        return wrapped(*args, **kwargs)
                 except Exception as exc:  # fail open: run the library untouched
                     self.fail("check", exc)
-                    needs_care = False
-                if needs_care:
-                    return self._guarded(target, wrapped, instance, args, kwargs)
-            return wrapped(*args, **kwargs)
+                    return wrapped(*args, **kwargs)
+            call = Call(target, wrapped, instance, args, kwargs)
+            try:
+                return handle(call)
+            except GuardError:
+                raise
+            except Exception as exc:
+                if exc is call.library_error:
+                    raise  # the library's or the user's own exception, unchanged
+                self.fail("remedy", exc)
+                if call.library_error is not None:
+                    raise call.library_error from None
+                if call.has_result:
+                    return call.result
+                return wrapped(*args, **kwargs)
 
         autograd_guard_wrapper._autograd_guard_owner = self.name  # type: ignore[attr-defined]
         return autograd_guard_wrapper
-
-    def _guarded(
-        self,
-        target: Target,
-        wrapped: Callable[..., Any],
-        instance: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        call = Call(target, wrapped, instance, args, kwargs)
-        try:
-            return self.handle(call)
-        except GuardError:
-            raise
-        except Exception as exc:
-            if exc is call.library_error:
-                raise  # the library's or the user's own exception, unchanged
-            self.fail("remedy", exc)
-            if call.library_error is not None:
-                raise call.library_error from None
-            if call.has_result:
-                return call.result
-            return wrapped(*args, **kwargs)
 
 
 # Every wrapper shares this code object; find_callsite looks for it on the stack.

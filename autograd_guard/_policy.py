@@ -31,7 +31,7 @@ MAX_LIST = 1024
 class Option:
     """One guard- or rule-specific policy key, with its type and allowed values."""
 
-    __slots__ = ("choices", "default", "doc", "kind", "maximum", "minimum")
+    __slots__ = ("choices", "default", "doc", "items", "kind", "maximum", "minimum")
 
     def __init__(
         self,
@@ -42,8 +42,10 @@ class Option:
         choices: Sequence[str] = (),
         minimum: float | None = None,
         maximum: float | None = None,
+        items: tuple[type, ...] = (str,),
     ) -> None:
         self.kind = kind
+        self.items = items  # what a list may hold: strings, or also positions (int)
         self.default = default
         self.doc = doc
         self.choices = tuple(choices)
@@ -54,7 +56,7 @@ class Option:
         if self.choices:
             return ", ".join(repr(c) for c in self.choices)
         if self.kind is list:
-            return "a list of strings"
+            return "a list of names or positions" if int in self.items else "a list of strings"
         name = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
         text = name[self.kind]
         if self.minimum is not None or self.maximum is not None:
@@ -67,9 +69,7 @@ class Option:
         if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
         if ok and self.kind is list:
-            ok = len(value) <= MAX_LIST and all(
-                isinstance(v, str) and 0 < len(v) <= MAX_STRING for v in value
-            )
+            ok = len(value) <= MAX_LIST and all(self._item_ok(v) for v in value)
             value = list(value)
         if ok and self.kind is str:
             ok = len(value) <= MAX_STRING
@@ -84,6 +84,13 @@ class Option:
         if not ok:
             raise PolicyError(source, key, f"invalid value {_short(value)}", self.allowed())
         return value
+
+    def _item_ok(self, value: Any) -> bool:
+        if isinstance(value, str):
+            return str in self.items and 0 < len(value) <= MAX_STRING
+        if isinstance(value, int) and not isinstance(value, bool):
+            return int in self.items and 0 <= value <= MAX_LIST
+        return False
 
 
 class GuardSettings:
@@ -319,14 +326,16 @@ class _ParseCache:
         return cls._shared
 
     def get(self, path: str, raw: bytes) -> dict[str, Any] | None:
-        entry = self._load().get(os.path.abspath(path))
+        """The data stored for ``path`` (a file, or a ``<name>`` of our own) if ``raw``
+        is still what it was."""
+        entry = self._load().get(_cache_key(path))
         if entry is not None and entry[0] == raw:
             return entry[1]
         return None
 
     def put(self, path: str, raw: bytes, data: dict[str, Any]) -> None:
         entries = self._load()
-        entries[os.path.abspath(path)] = (raw, data)
+        entries[_cache_key(path)] = (raw, data)
         while len(entries) > self.MAX_ENTRIES:
             del entries[next(iter(entries))]
         if self.file is None:
@@ -352,6 +361,10 @@ class _ParseCache:
                 except (OSError, EOFError, ValueError, TypeError):
                     pass
         return self.entries
+
+
+def _cache_key(path: str) -> str:
+    return path if path.startswith("<") else os.path.abspath(path)
 
 
 def _valid_entry(key: object, value: object) -> bool:

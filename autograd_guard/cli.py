@@ -110,6 +110,13 @@ def doctor(_: argparse.Namespace) -> int:
     print("guards")
     for guard in guards:
         mode = policy.mode_for(guard.name)
+        if guard.provided_by != "autograd-guard":
+            print(
+                f"  {guard.name:<18} third-party guard from {guard.provided_by}"
+                + (f": UNAVAILABLE, {guard.unavailable}" if guard.unavailable else "")
+            )
+            if guard.unavailable:
+                continue
         if guard.distribution:
             name, version = _versions.first_installed(guard.distribution)
             forced = policy.guards[guard.name].force

@@ -34,7 +34,8 @@ def ipex(tmp_path, monkeypatch):
         info = site / f"intel_extension_for_pytorch-{version}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: intel-extension-for-pytorch\nVersion: {version}\n")
+            f"Metadata-Version: 2.1\nName: intel-extension-for-pytorch\nVersion: {version}\n"
+        )
         monkeypatch.syspath_prepend(str(site))
         _versions.clear_cache()
 
@@ -47,9 +48,15 @@ def on_cpu(**options):
     return {"guards": {"ipex_xpu": {"devices": ["cpu"], **options}}}
 
 
-@pytest.mark.parametrize(("version", "patched"), [
-    ("2.1.10+xpu", True), ("2.1.20+xpu", True), ("2.1.30+xpu", False), ("2.8.0+cpu", False),
-])
+@pytest.mark.parametrize(
+    ("version", "patched"),
+    [
+        ("2.1.10+xpu", True),
+        ("2.1.20+xpu", True),
+        ("2.1.30+xpu", False),
+        ("2.8.0+cpu", False),
+    ],
+)
 def test_version_gate_reads_the_distribution(ipex, version, patched):
     ipex(version)
     autograd_guard.install(on_cpu())
@@ -82,7 +89,8 @@ class ViTEmbeddings(nn.Module):
         self.projection = nn.Conv2d(3, dim, patch_size, patch_size)
         self.cls_token = nn.Parameter(torch.randn(1, 1, dim))
         self.position_embeddings = nn.Parameter(
-            torch.randn(1, (image_size // patch_size) ** 2 + 1, dim))
+            torch.randn(1, (image_size // patch_size) ** 2 + 1, dim)
+        )
         self.dropout = nn.Dropout(p)
 
     def interpolate_pos_encoding(self, embeddings, height, width):
@@ -98,8 +106,11 @@ class ViTEmbeddings(nn.Module):
         side = int(math.sqrt(num_positions))
         patch_pos_embed = patch_pos_embed.reshape(1, side, side, dim).permute(0, 3, 1, 2)
         patch_pos_embed = nn.functional.interpolate(
-            patch_pos_embed, scale_factor=(h0 / side, w0 / side), mode="bicubic",
-            align_corners=False)
+            patch_pos_embed,
+            scale_factor=(h0 / side, w0 / side),
+            mode="bicubic",
+            align_corners=False,
+        )
         patch_pos_embed = patch_pos_embed.permute(0, 2, 3, 1).reshape(1, -1, dim)
         return torch.cat((class_pos_embed.unsqueeze(0), patch_pos_embed), dim=1)
 
@@ -152,22 +163,36 @@ def test_bicubic_matches_the_cpu(ipex):
 
     x = torch.rand(1, 4, 5, 5, requires_grad=True)
     out = F.interpolate(x, scale_factor=(1.42, 1.62), mode="bicubic", align_corners=False)
-    expected = ORIGINAL_INTERPOLATE(x, scale_factor=(1.42, 1.62), mode="bicubic",
-                                    align_corners=False)
+    expected = ORIGINAL_INTERPOLATE(
+        x, scale_factor=(1.42, 1.62), mode="bicubic", align_corners=False
+    )
     assert torch.equal(out, expected)
     out.sum().backward()
     assert x.grad is not None  # still differentiable
 
 
-def wrong_bicubic(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
-                  recompute_scale_factor=None, antialias=False):
+def wrong_bicubic(
+    input,
+    size=None,
+    scale_factor=None,
+    mode="nearest",
+    align_corners=None,
+    recompute_scale_factor=None,
+    antialias=False,
+):
     """Stand-in for IPEX before 2.1.30 on XPU: bicubic ignores scale_factor and derives
     the scale from the sizes. The CPU re-run of the cross-check gets the right kernel."""
     if mode == "bicubic" and scale_factor is not None and not ipex_xpu.in_reference_run():
-        return ORIGINAL_INTERPOLATE(input, scale_factor=scale_factor, mode=mode,
-                                    align_corners=align_corners, recompute_scale_factor=True)
-    return ORIGINAL_INTERPOLATE(input, size, scale_factor, mode, align_corners,
-                                recompute_scale_factor, antialias)
+        return ORIGINAL_INTERPOLATE(
+            input,
+            scale_factor=scale_factor,
+            mode=mode,
+            align_corners=align_corners,
+            recompute_scale_factor=True,
+        )
+    return ORIGINAL_INTERPOLATE(
+        input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias
+    )
 
 
 @pytest.fixture
@@ -176,8 +201,13 @@ def xpu_bicubic_bug(monkeypatch):
 
 
 def crosscheck_policy(**extra):
-    return on_cpu(bicubic=False, crosscheck=[f"{__name__}:ViTEmbeddings"], crosscheck_every=2,
-                  crosscheck_max=2, **extra)
+    return on_cpu(
+        bicubic=False,
+        crosscheck=[f"{__name__}:ViTEmbeddings"],
+        crosscheck_every=2,
+        crosscheck_max=2,
+        **extra,
+    )
 
 
 def test_crosscheck_catches_a_wrong_bicubic(ipex, xpu_bicubic_bug):

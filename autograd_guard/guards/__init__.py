@@ -1,14 +1,25 @@
-"""The built-in guards, one module each. Each module reads as the bug report it answers."""
+"""The guards: built-in ones (one module each, each reading as the bug report it answers),
+guards registered in code, and third-party guards from the ``autograd_guard.guards``
+entry-point group (``name = "package.module:GuardClass"``)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from autograd_guard._guard import Guard
 
-BUILTIN = ("grad_mode", "pytorch3d_taubin", "warp_torch_args", "gsplat_means2d", "ipex_xpu")
+BUILTIN = (
+    "grad_mode",
+    "snapshot_inputs",
+    "pytorch3d_taubin",
+    "warp_torch_args",
+    "gsplat_means2d",
+    "ipex_xpu",
+)
+ENTRY_POINT_GROUP = "autograd_guard.guards"
 
 _registered: list[type[Guard]] = []
 
@@ -23,8 +34,9 @@ def builtin() -> list[type[Guard]]:
 
 
 def available() -> list[type[Guard]]:
-    """Every guard this process can use."""
-    return builtin() + list(_registered)
+    """Every guard this process can use: built-in, registered, then third-party."""
+    guards = builtin() + list(_registered)
+    return guards + third_party({g.name for g in guards})
 
 
 def register(guard: type[Guard]) -> None:
@@ -36,3 +48,105 @@ def register(guard: type[Guard]) -> None:
 def unregister(guard: type[Guard]) -> None:
     if guard in _registered:
         _registered.remove(guard)
+
+
+def third_party(taken: set[str]) -> list[type[Guard]]:
+    """Guards that installed distributions declare as entry points.
+
+    One that fails to load is reported once and stands in the list as a guard that
+    does nothing, so that the policy can still name it; the others are unaffected.
+    Guards switched off by ``AUTOGRAD_GUARD_DISABLE`` are not even imported.
+    """
+    disabled = {n.strip() for n in os.environ.get("AUTOGRAD_GUARD_DISABLE", "").split(",")}
+    guards = []
+    for name, value, distribution in entry_points():
+        if name in taken:
+            continue
+        if name in disabled or "*" in disabled:
+            guards.append(_unavailable(name, distribution, "disabled by AUTOGRAD_GUARD_DISABLE"))
+            continue
+        try:
+            guard = _load(name, value)
+        except Exception as exc:  # fail open: one broken guard must not stop the others
+            guards.append(_unavailable(name, distribution, f"failed to load: {exc!r}"))
+            _report_broken(name, value, distribution, exc)
+            continue
+        guard.provided_by = distribution
+        guards.append(guard)
+        taken.add(name)
+    return guards
+
+
+def _load(name: str, value: str) -> type[Guard]:
+    from autograd_guard._guard import Guard
+
+    module_name, _, attribute = value.partition(":")
+    __import__(module_name)
+    loaded: object = sys.modules[module_name]
+    for part in attribute.split(".") if attribute else ["GUARD"]:
+        loaded = getattr(loaded, part)
+    if not (isinstance(loaded, type) and issubclass(loaded, Guard)):
+        raise TypeError(f"{value} is not an autograd_guard Guard subclass")
+    if loaded.name != name:
+        raise ValueError(f"entry point {name!r} loads a guard named {loaded.name!r}")
+    return loaded
+
+
+def _unavailable(name: str, distribution: str, why: str) -> type[Guard]:
+    from autograd_guard._guard import Guard
+
+    return type(
+        f"Unavailable_{name}",
+        (Guard,),
+        {
+            "name": name,
+            "provided_by": distribution,
+            "unavailable": why,
+            "symptom": f"third-party guard {name} is unavailable: {why}",
+        },
+    )
+
+
+def _report_broken(name: str, value: str, distribution: str, exc: Exception) -> None:
+    from autograd_guard import _events
+
+    _events.emit(
+        f"third-party guard {name!r} from {distribution} failed to load; skipped",
+        guard=name,
+        action="load_error",
+        callsite=value,
+        level="error",
+        distribution=distribution,
+        error=repr(exc)[:500],
+    )
+
+
+def entry_points() -> list[tuple[str, str, str]]:
+    """(name, value, distribution) of every guard entry point, cached between runs.
+
+    Reading entry points imports importlib.metadata and scans every distribution
+    (tens of milliseconds), so the list is cached against the mtimes of the folders on
+    ``sys.path``: installing or removing a distribution changes its folder's mtime.
+    """
+    from autograd_guard._policy import _ParseCache
+
+    fingerprint = []
+    for path in sys.path:
+        try:
+            fingerprint.append(f"{path}\0{os.stat(path or '.').st_mtime_ns}")
+        except OSError:
+            continue
+    key = "\n".join(fingerprint).encode("utf-8", "surrogateescape")
+    cache = _ParseCache.shared()
+    cached = cache.get("<entry points>", key)
+    if cached is not None:
+        return [tuple(row) for row in cached["entry_points"]]  # type: ignore[misc]
+    from importlib import metadata
+
+    found = []
+    for distribution in metadata.distributions():
+        for entry in distribution.entry_points:
+            if entry.group == ENTRY_POINT_GROUP:
+                found.append((entry.name, entry.value, distribution.metadata["Name"] or "?"))
+    cache.put("<entry points>", key, {"entry_points": [list(row) for row in found]})
+    return found
