@@ -20,12 +20,85 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import wheelenv
+from benchtable import Row, print_table
 
 
 def timed(cmd: list[str], env: dict[str, str], cwd: str) -> float:
     start = time.perf_counter()
-    subprocess.run(cmd, env=env, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        cmd, env=env, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     return (time.perf_counter() - start) * 1000
+
+
+def measure(runs: int = 40, torch_runs: int = 12) -> list[Row]:
+    work = Path(tempfile.mkdtemp(prefix="ag-bench-"))
+    try:
+        wheel = wheelenv.build_wheel(work / "wheel")
+        absent = str(wheelenv.make_env(work / "absent", None))
+        installed = str(wheelenv.make_env(work / "installed", wheel))
+        cwd = str(work)
+        off = wheelenv.clean_environ(XDG_CACHE_HOME=str(work / "cache"))
+        on = {**off, "AUTOGRAD_GUARD": "1"}
+        subprocess.run([installed, "-c", "pass"], env=on, cwd=cwd, check=True)  # warm caches
+        cases: dict[str, tuple[list[str], dict[str, str]]] = {
+            "absent": ([absent, "-c", "pass"], off),
+            "unset": ([installed, "-c", "pass"], off),
+            "set": ([installed, "-c", "pass"], on),
+        }
+        otel = shutil.which("opentelemetry-instrument")
+        if otel:  # no exporters: measure the auto-instrumentation's own start-up
+            quiet = {
+                **off,
+                "OTEL_TRACES_EXPORTER": "none",
+                "OTEL_METRICS_EXPORTER": "none",
+                "OTEL_LOGS_EXPORTER": "none",
+            }
+            cases["otel"] = ([otel, absent, "-c", "pass"], quiet)
+        startup = run_round_robin(cases, runs, cwd)
+        torch_cases = {
+            "off": ([installed, "-c", "import torch"], off),
+            "on": ([installed, "-c", "import torch"], on),
+        }
+        torch_times = run_round_robin(torch_cases, torch_runs, cwd)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    base = startup["absent"]
+    nan = float("nan")
+    return [
+        Row(
+            "start-up",
+            "installed, variable unset vs package absent",
+            base,
+            startup["unset"],
+            "ms",
+            "<= 1.01x",
+        ),
+        Row(
+            "start-up",
+            "variable set, no target vs package absent",
+            base,
+            startup["set"],
+            "ms",
+            "<= +5 ms",
+        ),
+        Row(
+            "start-up",
+            "opentelemetry-instrument python -c pass vs absent",
+            base,
+            startup.get("otel", nan),
+            "ms",
+            "for scale" if otel else "not installed here",
+        ),
+        Row(
+            "start-up",
+            "import torch, guard on vs off",
+            torch_times["off"],
+            torch_times["on"],
+            "ms",
+            "<= 1.02x",
+        ),
+    ]
 
 
 def main() -> None:
@@ -33,71 +106,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--torch-runs", type=int, default=12)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="ag-bench-"))
-    wheel = wheelenv.build_wheel(work / "wheel")
-    absent = str(wheelenv.make_env(work / "absent", None))
-    installed = str(wheelenv.make_env(work / "installed", wheel))
-    cwd = str(work)
-    off = wheelenv.clean_environ(XDG_CACHE_HOME=str(work / "cache"))
-    on = {**off, "AUTOGRAD_GUARD": "1"}
-    subprocess.run([installed, "-c", "pass"], env=on, cwd=cwd, check=True)  # warm caches
-
-    cases: dict[str, tuple[list[str], dict[str, str]]] = {
-        "package absent": ([absent, "-c", "pass"], off),
-        "installed, variable unset": ([installed, "-c", "pass"], off),
-        "installed, variable set, no target": ([installed, "-c", "pass"], on),
-    }
-    otel = shutil.which("opentelemetry-instrument")
-    if otel:
-        cases["opentelemetry-instrument python -c pass"] = (
-            [otel, sys.executable, "-c", "pass"],
-            off,
-        )
-    startup = run_round_robin(cases, args.runs, cwd)
-    torch_cases = {
-        "import torch, guard off": ([installed, "-c", "import torch"], off),
-        "import torch, guard on": ([installed, "-c", "import torch"], on),
-    }
-    torch_times = run_round_robin(torch_cases, args.torch_runs, cwd)
-
-    base = startup["package absent"]
-    unset = startup["installed, variable unset"]
-    setv = startup["installed, variable set, no target"]
-    rows = [
-        ("package absent", base, 1.0, ""),
-        ("installed, variable unset", unset, unset / base, "<= 1.01x"),
-        (
-            "installed, variable set, no target",
-            setv,
-            setv / base,
-            f"<= +5 ms (measured {setv - base:+.2f} ms)",
-        ),
-    ]
-    if otel:
-        value = startup["opentelemetry-instrument python -c pass"]
-        rows.append(("opentelemetry-instrument python -c pass", value, value / base, "for scale"))
-    else:
-        rows.append(
-            (
-                "opentelemetry-instrument python -c pass",
-                float("nan"),
-                float("nan"),
-                "not installed here",
-            )
-        )
-    t_off, t_on = torch_times["import torch, guard off"], torch_times["import torch, guard on"]
-    rows += [
-        ("import torch, guard off", t_off, 1.0, ""),
-        ("import torch, guard on", t_on, t_on / t_off, "<= 1.02x"),
-    ]
-    print(
-        f"\nstart-up, medians of {args.runs} runs ({args.torch_runs} for torch), "
-        f"round-robin, Python {sys.version.split()[0]}"
+    print_table(
+        measure(args.runs, args.torch_runs),
+        f"start-up: medians of {args.runs} runs ({args.torch_runs} for torch), "
+        f"round-robin, Python {sys.version.split()[0]}",
     )
-    print(f"{'case':<42} {'median ms':>10} {'ratio':>8}  goal")
-    for name, value, ratio, goal in rows:
-        print(f"{name:<42} {value:>10.2f} {ratio:>7.3f}x  {goal}")
-    shutil.rmtree(work, ignore_errors=True)
 
 
 def run_round_robin(

@@ -46,9 +46,14 @@ def test_unset_imports_nothing(guard_python, project, value):
 
 
 def test_set_without_target_imports_only_the_bootstrap(guard_python, project):
-    run_python(guard_python, "pass", project, AUTOGRAD_GUARD="1")  # warms the parse cache
+    run_python(guard_python, "pass", project, AUTOGRAD_GUARD="1")  # warms the caches
     out = run_python(guard_python, LOADED, project, AUTOGRAD_GUARD="1").stdout
     assert out.strip() == "['autograd_guard']"
+    # Nothing else either: each stdlib module (threading, re, pathlib...) costs start-up time.
+    modules = "import sys; print(sorted(sys.modules))"
+    unset = set(eval(run_python(guard_python, modules, project).stdout))
+    guarded = set(eval(run_python(guard_python, modules, project, AUTOGRAD_GUARD="1").stdout))
+    assert {m for m in guarded - unset if not m.startswith("autograd_guard")} <= {"__future__"}
 
 
 def test_stage_is_guarded_when_set(guard_python, project):

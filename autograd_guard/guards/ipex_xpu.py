@@ -16,8 +16,8 @@ patched until IPEX itself is imported.
 
 from __future__ import annotations
 
+import _thread
 import sys
-import threading
 
 from autograd_guard._guard import Call, Guard, Option, Target
 from autograd_guard.errors import GuardError
@@ -37,7 +37,7 @@ DROPOUTS = (
     "feature_alpha_dropout",
 )
 
-_reference = threading.local()
+_reference = _thread._local()  # threading would cost start-up time
 
 
 def in_reference_run() -> bool:
