@@ -63,6 +63,7 @@ class WarpTorchArgs(Guard):
         super().__init__(*args)
         self._context: ModuleType | None = None
         self._watched: Any = None  # tape -> [(name, tensor)], for the snapshot action
+        self._bridge = bool(self.config["bridge_grads"])
 
     def needed(self) -> bool:
         return bool(self.config["bridge_grads"]) or super().needed()
@@ -83,17 +84,31 @@ class WarpTorchArgs(Guard):
     # -- wp.launch -------------------------------------------------------------------
 
     def _launch_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        # Every wp.launch passes here: plain lookups, no helper calls.
+        runtime = getattr(self._context, "runtime", None)
+        if getattr(runtime, "tape", None) is None and not self._bridge:
+            return False
         torch = sys.modules.get("torch")
         if torch is None:
             return False
-        if not self.config["bridge_grads"] and not self._recording(args, kwargs):
-            return False
         tensor = torch.Tensor
-        return any(
-            isinstance(value, tensor)
-            for position, name in ((INPUTS, "inputs"), (OUTPUTS, "outputs"))
-            for value in _argument(args, kwargs, name, position) or ()
+        inputs = (
+            kwargs["inputs"] if "inputs" in kwargs else args[INPUTS] if len(args) > INPUTS else ()
         )
+        for value in inputs or ():
+            if isinstance(value, tensor):
+                return True
+        outputs = (
+            kwargs["outputs"]
+            if "outputs" in kwargs
+            else args[OUTPUTS]
+            if len(args) > OUTPUTS
+            else ()
+        )
+        for value in outputs or ():  # noqa: SIM110 - a generator costs more here
+            if isinstance(value, tensor):
+                return True
+        return False
 
     def _recording(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         runtime = getattr(self._context, "runtime", None)

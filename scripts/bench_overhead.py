@@ -1,0 +1,249 @@
+"""Per-call cost of each guard's wrapper on its pass-through path, and of snapshot rules.
+
+Each guard's real wrapper is put around a no-op with the target's signature, so that
+the figure is the guard's own cost and not the library's noise: bare and wrapped calls
+alternate in blocks, and the table holds the median per-call time of each.
+
+    python scripts/bench_overhead.py [--calls 20000 --blocks 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+import wrapt
+from benchtable import Row, print_table
+
+from autograd_guard import _policy
+from autograd_guard._guard import Guard, Target
+from autograd_guard.guards import available
+
+
+def guard_for(name: str, policy: dict[str, Any] | None = None) -> Guard:
+    classes = {g.name: g for g in available()}
+    return classes[name](_policy.load(policy or {}, list(classes.values()), environ={}))
+
+
+def per_call(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        function(*args, **kwargs)
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def compare(
+    bare: Any, wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any], calls: int, blocks: int
+) -> tuple[float, float]:
+    base, guarded = [], []
+    for block in range(blocks):  # alternate which goes first
+        order = ((bare, base), (wrapped, guarded))
+        for function, samples in order if block % 2 else order[::-1]:
+            samples.append(per_call(function, args, kwargs, calls))
+    return statistics.median(base), statistics.median(guarded)
+
+
+def wrap(guard: Guard, target: Target, function: Any) -> Any:
+    return wrapt.FunctionWrapper(function, guard._wrapper_for(target))
+
+
+def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:
+    rows = []
+    goal = "<= +1.5 us"
+
+    def add(
+        case: str,
+        guard: Guard,
+        target: Target,
+        function: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None = None,
+        row_goal: str = goal,
+        n: int = calls,
+    ) -> None:
+        base, guarded = compare(
+            function, wrap(guard, target, function), args, kwargs or {}, n, blocks
+        )
+        rows.append(Row("per call", case, base, guarded, "us", row_goal))
+
+    tensor = torch.ones(4)
+
+    def stage(x: Any) -> Any:
+        return x
+
+    add("grad_mode stage, grad on", guard_for("grad_mode"), Target("m", "stage"), stage, (tensor,))
+
+    class FakeMeshes:  # what taubin_smoothing reads of a Meshes on its pass-through path
+        def verts_packed(self) -> Any:
+            return tensor
+
+    def taubin_smoothing(
+        meshes: Any, lambd: float = 0.53, mu: float = -0.53, num_iter: int = 10
+    ) -> Any:
+        return meshes
+
+    add(
+        "pytorch3d_taubin, no grad, float32",
+        guard_for("pytorch3d_taubin"),
+        Target("pytorch3d.ops.mesh_filtering", "taubin_smoothing"),
+        taubin_smoothing,
+        (FakeMeshes(),),
+    )
+
+    def launch(
+        kernel: Any,
+        dim: Any,
+        inputs: Any = (),
+        outputs: Any = (),
+        adj_inputs: Any = (),
+        adj_outputs: Any = (),
+        device: Any = None,
+        stream: Any = None,
+        adjoint: bool = False,
+        record_tape: bool = True,
+        record_cmd: bool = False,
+        max_blocks: int = 0,
+        block_dim: int = 256,
+    ) -> None:
+        return None
+
+    warp = guard_for("warp_torch_args")
+    runtime = types.SimpleNamespace(tape=None)
+    warp._context = types.SimpleNamespace(runtime=runtime)  # type: ignore[assignment]
+    arrays = [object(), object()]
+    add(
+        "warp_torch_args launch, no tape",
+        warp,
+        Target("warp.context", "launch"),
+        launch,
+        ("kernel", 10),
+        {"inputs": arrays[:1], "outputs": arrays[1:], "device": "cpu"},
+    )
+    runtime.tape = object()
+    add(
+        "warp_torch_args launch, tape, Warp arrays",
+        warp,
+        Target("warp.context", "launch"),
+        launch,
+        ("kernel", 10),
+        {"inputs": arrays[:1], "outputs": arrays[1:], "device": "cpu"},
+    )
+
+    def rasterization(*args: Any, **kwargs: Any) -> Any:
+        return tensor, tensor, {"means2d": tensor}
+
+    with torch.no_grad():
+        add(
+            "gsplat_means2d rasterization, no grad",
+            guard_for("gsplat_means2d"),
+            Target("gsplat.rendering", "rasterization"),
+            rasterization,
+            (tensor,),
+        )
+    add(
+        "gsplat_means2d rasterization, grad on",
+        guard_for("gsplat_means2d"),
+        Target("gsplat.rendering", "rasterization"),
+        rasterization,
+        (tensor,),
+    )
+
+    def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        return input
+
+    def interpolate(
+        input: Any,
+        size: Any = None,
+        scale_factor: Any = None,
+        mode: str = "nearest",
+        align_corners: Any = None,
+    ) -> Any:
+        return input
+
+    ipex = guard_for("ipex_xpu")
+    with torch.no_grad():
+        add(
+            "ipex_xpu dropout, CPU tensor",
+            ipex,
+            Target("torch.nn.functional", "dropout"),
+            dropout,
+            (tensor, 0.1, True),
+        )
+    add(
+        "ipex_xpu interpolate, bilinear",
+        ipex,
+        Target("torch.nn.functional", "interpolate"),
+        interpolate,
+        (tensor,),
+        {"scale_factor": 2.0, "mode": "bilinear"},
+    )
+
+    def eight(a: Any, b: Any, c: Any, d: Any, e: Any, f: Any, g: Any, h: Any) -> Any:
+        return a
+
+    def one(x: Any) -> Any:
+        return x
+
+    def snapshot(check: str, target: str) -> tuple[Guard, Target]:
+        guard = guard_for(
+            "snapshot_inputs",
+            {
+                "rules": [
+                    {
+                        "target": f"bench:{target}",
+                        "action": "snapshot",
+                        "check": check,
+                        "max_bytes": 2**30,
+                    }
+                ]
+            },
+        )
+        return guard, next(iter(guard._rules))  # type: ignore[attr-defined]
+
+    guard, target = snapshot("version", "eight")
+    add(
+        "snapshot rule, version, 8 tensor arguments",
+        guard,
+        target,
+        eight,
+        tuple(torch.ones(4) for _ in range(8)),
+        row_goal="<= 2 us",
+    )
+    for label, numel, n in (("1 MB", 2**18, 500), ("100 MB", 25 * 2**20, 5)):
+        guard, target = snapshot("data", "one")
+        base, guarded = compare(
+            one, wrap(guard, target, one), (torch.ones(numel),), {}, n, max(3, blocks // 3)
+        )
+        rows.append(
+            Row(
+                "per call",
+                f"snapshot rule, data, one {label} tensor",
+                base,
+                guarded,
+                "us",
+                "copy + compare",
+            )
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--blocks", type=int, default=15)
+    args = parser.parse_args()
+    print_table(
+        measure(args.calls, args.blocks),
+        "per-call overhead: each guard's wrapper around a no-op, pass-through path",
+    )
+
+
+if __name__ == "__main__":
+    main()
