@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from benchtable import Row, print_table  # noqa: E402
 
 CHILD = r"""
 import json, resource, sys, time
@@ -54,7 +56,7 @@ print(json.dumps({{"times": times, "peak_mib": peak / 1024, "verts": mesh.verts_
 """
 
 
-def measure(impl: str, level: int, backward: bool, reps: int) -> dict[str, float]:
+def measure_one(impl: str, level: int, backward: bool, reps: int) -> dict[str, float]:
     code = CHILD.format(here=str(HERE), impl=impl, level=level, backward=backward, reps=reps)
     out = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", code], check=True, capture_output=True, text=True
@@ -68,40 +70,55 @@ def measure(impl: str, level: int, backward: bool, reps: int) -> dict[str, float
     }
 
 
+def measure(levels: list[int]) -> list[Row]:
+    """Rows with PyTorch3D as the baseline and our dense path as the guarded figure."""
+    rows = []
+    nan = float("nan")
+    for level in levels:
+        for backward in (False, True):
+            ours = measure_one("ours", level, backward, reps=6 if level < 7 else 3)
+            theirs = None
+            if not (backward and level > 5):
+                theirs = measure_one(
+                    "pytorch3d", level, backward, reps=1 if backward and level == 5 else 4
+                )
+            name = "forward + backward" if backward else "forward, no grad"
+            goal = {
+                (5, True): ">= 100x faster, <= 1/10 memory",
+                (6, True): "< 1 s",
+                (7, True): "< 5 s",
+            }.get((level, backward), "" if backward else ">= 2x faster")
+            mesh = f"ico_sphere({level}) V={ours['verts']}"
+            rows.append(
+                Row(
+                    "taubin",
+                    f"{mesh} {name}: ours vs PyTorch3D",
+                    theirs["median_s"] if theirs else nan,
+                    ours["median_s"],
+                    "s",
+                    goal,
+                )
+            )
+            rows.append(
+                Row(
+                    "taubin",
+                    f"{mesh} {name}: peak memory",
+                    theirs["peak_mib"] if theirs else nan,
+                    ours["peak_mib"],
+                    "MiB",
+                )
+            )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--levels", type=int, nargs="+", default=[4, 5, 6, 7])
     args = parser.parse_args()
-    print(
-        f"{'mesh':<14} {'V':>7} {'pass':<18} {'pytorch3d':>12} {'ours':>10} {'speed-up':>9}"
-        f" {'p3d peak':>10} {'our peak':>10} {'mem ratio':>9}"
-    )
-    for level in args.levels:
-        for backward in (False, True):
-            ours = measure("ours", level, backward, reps=6 if level < 7 else 3)
-            if backward and level > 5:
-                theirs = None
-            else:
-                reps = 1 if backward and level == 5 else 4
-                theirs = measure("pytorch3d", level, backward, reps)
-            name = "forward + backward" if backward else "forward, no grad"
-            row = f"ico_sphere({level})  {ours['verts']:>7} {name:<18} "
-            if theirs:
-                row += (
-                    f"{theirs['median_s']:>11.3f}s {ours['median_s']:>9.3f}s "
-                    f"{theirs['median_s'] / ours['median_s']:>8.1f}x "
-                    f"{theirs['peak_mib']:>8.0f}Mi {ours['peak_mib']:>8.0f}Mi "
-                    f"{ours['peak_mib'] / max(theirs['peak_mib'], 1e-9):>8.3f}x"
-                )
-            else:
-                row += (
-                    f"{'skipped':>12} {ours['median_s']:>9.3f}s {'':>9} {'':>10} "
-                    f"{ours['peak_mib']:>8.0f}Mi"
-                )
-            print(row, flush=True)
-    print(
-        "\ngoals: ico_sphere(5) forward+backward >= 100x faster with <= 1/10 of the peak "
-        "memory; ico_sphere(6) < 1 s, ico_sphere(7) < 5 s; forward >= 2x faster"
+    print_table(
+        measure(args.levels),
+        "Taubin smoothing: PyTorch3D (baseline) vs autograd_guard.taubin (guarded); "
+        "PyTorch3D's backward is skipped above ico_sphere(5)",
     )
 
 

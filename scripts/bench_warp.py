@@ -20,6 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import thirdparty  # noqa: E402
+from benchtable import Row, print_table  # noqa: E402
 
 CHILD = r"""
 import json, statistics, sys, time, torch
@@ -83,22 +84,16 @@ print(json.dumps({{"version": wp.config.version, "results": results}}))
 """
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--blocks", type=int, default=15)
-    args = parser.parse_args()
+def measure(calls: int = 2000, blocks: int = 15) -> list[Row]:
     cache = tempfile.mkdtemp(prefix="warp-cache-")
-    print(
-        f"{'warp':<8} {'case':<46} {'baseline us':>12} {'guarded us':>11} {'delta us':>9}"
-        f" {'ratio':>7}"
-    )
+    rows = []
+    goals = {"launch, no tape": "<= +1.5 us, ~<= 1.15x"}
     for version in ("1.5.1", "1.19.0"):
         folder = thirdparty.install(f"warp-{version}")
         env = {**os.environ, "PYTHONPATH": str(folder), "WARP_CACHE_PATH": cache}
         env.pop("AUTOGRAD_GUARD", None)
         script = Path(cache) / "bench_child.py"  # Warp reads kernel source from a file
-        script.write_text(CHILD.format(calls=args.calls, blocks=args.blocks))
+        script.write_text(CHILD.format(calls=calls, blocks=blocks))
         child = subprocess.run(
             [sys.executable, str(script)], env=env, capture_output=True, text=True
         )
@@ -106,11 +101,21 @@ def main() -> None:
             sys.exit(f"warp {version} benchmark failed:\n{child.stderr}")
         result = json.loads(child.stdout.strip().splitlines()[-1])
         for name, (base, guarded) in result["results"].items():
-            print(
-                f"{result['version']:<8} {name:<46} {base:>12.2f} {guarded:>11.2f} "
-                f"{guarded - base:>+9.2f} {guarded / base:>6.3f}x"
+            rows.append(
+                Row("warp", f"{result['version']} {name}", base, guarded, "us", goals.get(name, ""))
             )
-    print("\ngoal: wrapped vs bare, no tape: <= +1.5 us per call, about <= 1.15x")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--blocks", type=int, default=15)
+    args = parser.parse_args()
+    print_table(
+        measure(args.calls, args.blocks),
+        "wp.launch of a trivial kernel, dim=10, CPU: bare vs wrapped (guard forced on)",
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def print_table(rows: list[Row], title: str = "") -> None:
     if title:
         print(title)
     print(
-        f"{'benchmark':<10} {'case':<50} {'baseline':>11} {'guarded':>11} {'delta':>10}"
+        f"{'benchmark':<10} {'case':<60} {'baseline':>11} {'guarded':>11} {'delta':>10}"
         f" {'ratio':>8}  goal"
     )
     for row in rows:
@@ -33,6 +33,6 @@ def print_table(rows: list[Row], title: str = "") -> None:
             ratio = f"{row.guarded / row.baseline:.3f}x" if row.baseline else "-"
         guarded = "-" if math.isnan(row.guarded) else f"{row.guarded:.3g} {row.unit}"
         print(
-            f"{row.benchmark:<10} {row.case:<50} {baseline:>11} {guarded:>11} {delta:>10}"
+            f"{row.benchmark:<10} {row.case:<60} {baseline:>11} {guarded:>11} {delta:>10}"
             f" {ratio:>8}  {row.goal}"
         )
