@@ -1,0 +1,194 @@
+"""Fault injection: each guard's internal steps made to raise. In observe and fix the
+call returns what the library alone returns and the failure is reported once as an
+event; in strict the guard's error is raised."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import thirdparty
+import torch
+import torch.nn.functional as F
+from conftest import STAGE_SOURCE
+
+import autograd_guard
+from autograd_guard import _events, _versions
+from autograd_guard._guard import Guard
+from autograd_guard.guards import available
+from autograd_guard.testing import capture_events
+
+thirdparty.import_pytorch3d()
+sys.path.insert(0, str(thirdparty.install("gsplat")))
+import gsplat  # noqa: E402
+import gsplat.rendering  # noqa: E402
+import gsplat_standins  # noqa: E402
+from pytorch3d.ops import taubin_smoothing  # noqa: E402
+from pytorch3d.structures import Meshes  # noqa: E402
+from pytorch3d.utils import ico_sphere  # noqa: E402
+
+GUARDS = {g.name: g for g in available()}
+FAULTS = ("version lookup", "hook", "check", "remedy", "remedy after the library")
+
+
+class Injected(Exception):
+    pass
+
+
+def outcome(function):
+    """What a call did: its value (as plain data) or the exception it raised."""
+    try:
+        value = function()
+    except Exception as exc:
+        return ("raised", type(exc).__name__, str(exc).split("\n")[0])
+    return ("returned", value)
+
+
+def grad_mode_call(make_module):
+    make_module("mesh_reconstruction.recon", STAGE_SOURCE)
+    from mesh_reconstruction.recon import reconstruct_stage1
+
+    def call():
+        with torch.no_grad():
+            return reconstruct_stage1(torch.ones(3))[1]
+
+    return {}, call
+
+
+def taubin_call(make_module):
+    mesh = ico_sphere(1)
+
+    def call():
+        verts = mesh.verts_packed().clone().requires_grad_()
+        out = taubin_smoothing(Meshes(verts=[verts], faces=[mesh.faces_packed()]), num_iter=2)
+        return out.verts_packed().detach().round(decimals=4).tolist()
+
+    return {}, call
+
+
+def gsplat_call(make_module):
+    def call():
+        torch.manual_seed(0)
+        means = (torch.randn(8, 3) * 0.3 + torch.tensor([0, 0, 3.0])).requires_grad_()
+        image, _, meta = gsplat.rasterization(
+            means, torch.randn(8, 4), torch.rand(8, 3) * 0.1 + 0.1, torch.rand(8),
+            torch.rand(8, 3), torch.eye(4)[None],
+            torch.tensor([[[20.0, 0, 8], [0, 20.0, 8], [0, 0, 1]]]), 16, 16, packed=False)
+        return image.detach().round(decimals=5).tolist(), meta["means2d"].retains_grad
+
+    return {}, call
+
+
+def snapshot_call(make_module):
+    make_module("fault_ops", "def raw(x):\n    x.numpy()[0] = 9.0\n    return x.sum().item()\n")
+    import fault_ops
+
+    def call():
+        x = torch.zeros(3)
+        return fault_ops.raw(x), x.tolist()
+
+    policy = {"rules": [{"target": "fault_ops:raw", "action": "snapshot", "check": "data"}]}
+    return policy, call
+
+
+def ipex_call(make_module, tmp_path):
+    site = tmp_path / "ipex-site"
+    (site / "intel_extension_for_pytorch").mkdir(parents=True)
+    (site / "intel_extension_for_pytorch" / "__init__.py").write_text("")
+    info = site / "intel_extension_for_pytorch-2.1.20+xpu.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: intel-extension-for-pytorch\nVersion: 2.1.20+xpu\n")
+    sys.path.insert(0, str(site))
+    _versions.clear_cache()
+    import intel_extension_for_pytorch  # noqa: F401
+
+    def call():
+        torch.manual_seed(0)
+        with torch.no_grad():
+            return F.dropout(torch.ones(6), 0.5, True).tolist()
+
+    return {"guards": {"ipex_xpu": {"devices": ["cpu"]}}}, call
+
+
+SCENARIOS = {"grad_mode": grad_mode_call, "pytorch3d_taubin": taubin_call,
+             "gsplat_means2d": gsplat_call, "snapshot_inputs": snapshot_call,
+             "ipex_xpu": ipex_call}
+
+
+@pytest.fixture(autouse=True)
+def _gsplat_standins(monkeypatch):
+    for name in gsplat_standins.KERNELS:
+        monkeypatch.setattr(gsplat.rendering, name, getattr(gsplat_standins, name))
+    yield
+    sys.modules.pop("intel_extension_for_pytorch", None)
+    sys.path[:] = [p for p in sys.path if not p.endswith("ipex-site")]
+
+
+def inject(monkeypatch, guard_class: type[Guard], fault: str) -> None:
+    def boom(*args, **kwargs):
+        raise Injected(fault)
+
+    if fault == "version lookup":
+        monkeypatch.setattr(_versions, "installed_version", boom)
+    elif fault == "hook":
+        monkeypatch.setattr(guard_class, "attach", boom)
+    elif fault == "check":
+        monkeypatch.setattr(guard_class, "check_for", lambda self, target: boom)
+    elif fault == "remedy":
+        monkeypatch.setattr(guard_class, "handle", boom)
+    else:
+        def proceed_then_fail(self, call):
+            call.proceed()
+            raise Injected(fault)
+
+        monkeypatch.setattr(guard_class, "handle", proceed_then_fail)
+
+
+def applies(name: str, fault: str) -> bool:
+    return fault != "version lookup" or GUARDS[name].distribution is not None
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("mode", ["observe", "fix"])
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_fail_open(name, mode, fault, make_module, tmp_path, monkeypatch):
+    if not applies(name, fault):
+        pytest.skip(f"{name} has no version gate")
+    args = (make_module, tmp_path) if name == "ipex_xpu" else (make_module,)
+    policy, call = SCENARIOS[name](*args)
+    library_alone = outcome(call)
+    inject(monkeypatch, GUARDS[name], fault)
+    with capture_events() as events:
+        autograd_guard.install({**policy, "mode": mode})
+        assert outcome(call) == library_alone
+        assert outcome(call) == library_alone
+    errors = [e for e in events if e["action"] == "guard_error"]
+    assert len(errors) == 1 and "Injected" in errors[0]["error"], events
+    assert errors[0]["guard"] == name
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_strict_raises_the_guard_error(name, fault, make_module, tmp_path, monkeypatch):
+    if not applies(name, fault):
+        pytest.skip(f"{name} has no version gate")
+    args = (make_module, tmp_path) if name == "ipex_xpu" else (make_module,)
+    policy, call = SCENARIOS[name](*args)
+    inject(monkeypatch, GUARDS[name], fault)
+    with pytest.raises(autograd_guard.GuardError, match=f"{name}.*Injected"):
+        autograd_guard.install({**policy, "mode": "strict"})  # a late patch fails here...
+        call()  # ...the others at the call
+
+
+def test_a_broken_event_sink_never_breaks_the_call(make_module, monkeypatch, capsys):
+    policy, call = grad_mode_call(make_module)
+
+    def broken_logger():
+        raise Injected("sink")
+
+    monkeypatch.setattr(_events, "_make_logger", broken_logger)
+    monkeypatch.setattr(_events, "_logger", None)
+    autograd_guard.install(policy)
+    assert outcome(call)[0] == "returned"  # the fix still applies
+    assert "could not log an event: Injected('sink')" in capsys.readouterr().err
