@@ -421,10 +421,15 @@ def _load_base(
     source: str, extends: Any, guards: list[type[Guard]], depth: int, folder: str | None
 ) -> Policy:
     name = Option(str, None).check(source, "extends", extends)
+    if not name.strip():
+        raise PolicyError(source, "extends", "empty", "a preset name or a policy file path")
     if depth >= 8:
         raise PolicyError(source, "extends", "chain is too deep (a loop?)", "at most 8 levels")
-    description, path, _ = _resolve_named(name, f"{source}: extends", folder)
-    data = read_toml(description, path)
+    try:
+        description, path, _ = _resolve_named(name, "extends", folder)
+        data = read_toml(description, path)
+    except PolicyError as exc:
+        raise PolicyError(source, "extends", f"cannot use {name!r}: {exc}") from None
     return _build(description, data, guards, depth + 1, os.path.dirname(path))
 
 

@@ -41,23 +41,71 @@ max_bytes = 1048576
 
 odd_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True), odd_text,
-    st.sampled_from(["fix", "observe", "strict", "off", "default", "version", "data",
-                     "convert", "snapshot", "enable_grad", "a.b:c", "*", "", "\x00", "é"]),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    odd_text,
+    st.sampled_from(
+        [
+            "fix",
+            "observe",
+            "strict",
+            "off",
+            "default",
+            "version",
+            "data",
+            "convert",
+            "snapshot",
+            "enable_grad",
+            "a.b:c",
+            "*",
+            "",
+            "\x00",
+            "é",
+        ]
+    ),
 )
-values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(odd_text, inner, max_size=4)), max_leaves=12)
-keys = st.one_of(st.sampled_from([*_policy.TOP_LEVEL_KEYS, *_policy.GUARD_KEYS, *NAMES,
-                                  "target", "action", "check", "outputs", "max_bytes",
-                                  "devices", "bridge_grads", "redirect"]), odd_text)
-guard_tables = st.dictionaries(st.sampled_from([*NAMES, "nope"]),
-                               st.dictionaries(keys, values, max_size=4), max_size=3)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(odd_text, inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+keys = st.one_of(
+    st.sampled_from(
+        [
+            *_policy.TOP_LEVEL_KEYS,
+            *_policy.GUARD_KEYS,
+            *NAMES,
+            "target",
+            "action",
+            "check",
+            "outputs",
+            "max_bytes",
+            "devices",
+            "bridge_grads",
+            "redirect",
+        ]
+    ),
+    odd_text,
+)
+guard_tables = st.dictionaries(
+    st.sampled_from([*NAMES, "nope"]), st.dictionaries(keys, values, max_size=4), max_size=3
+)
 rules = st.lists(st.dictionaries(keys, values, max_size=5), max_size=3)
-policies = st.fixed_dictionaries({}, optional={
-    "mode": values, "log": values, "disable": values, "guards": st.one_of(guard_tables, values),
-    "rules": st.one_of(rules, values), "extends": st.sampled_from(["default", "strict", "nope"]),
-}).flatmap(lambda d: st.dictionaries(keys, values, max_size=2).map(lambda extra: {**extra, **d}))
+policies = st.fixed_dictionaries(
+    {},
+    optional={
+        "mode": values,
+        "log": values,
+        "disable": values,
+        "guards": st.one_of(guard_tables, values),
+        "rules": st.one_of(rules, values),
+        "extends": st.sampled_from(["default", "strict", "nope"]),
+    },
+).flatmap(lambda d: st.dictionaries(keys, values, max_size=2).map(lambda extra: {**extra, **d}))
 
 
 def check(source, load) -> None:
@@ -79,8 +127,12 @@ def _no_parse_cache(monkeypatch):
     monkeypatch.setattr(_policy._ParseCache, "_shared", _policy._ParseCache(None))
 
 
-FUZZ = settings(max_examples=4000, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=4000,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @FUZZ
@@ -90,12 +142,17 @@ def test_generated_policies(data):
 
 
 @FUZZ
-@given(st.lists(st.tuples(st.integers(0, len(SEED_POLICY)), st.integers(0, 8), odd_text),
-                min_size=1, max_size=4))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, len(SEED_POLICY)), st.integers(0, 8), odd_text),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_mutated_toml(tmp_path_factory, edits):
     text = SEED_POLICY
     for position, deleted, inserted in edits:
-        text = text[:position] + inserted + text[position + deleted:]
+        text = text[:position] + inserted + text[position + deleted :]
     path = tmp_path_factory.getbasetemp() / "fuzz.toml"
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
     check(str(path), lambda: _policy.load(str(path), GUARDS, environ={}))
