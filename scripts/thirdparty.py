@@ -8,10 +8,12 @@ side without touching the environment. Used by the tests and the benchmarks.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import types
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import wheelenv
 
 CACHE = Path(
     os.environ.get(
@@ -42,22 +44,7 @@ def install(name: str) -> Path:
     folder = CACHE / name
     marker = folder / ".complete"
     if not marker.exists():
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--no-deps",
-                "--target",
-                str(folder),
-                *extra,
-                *requirements,
-            ],
-            check=True,
-            env={**os.environ, **env},
-        )
+        wheelenv.pip_install_target(folder, *extra, *requirements, env={**os.environ, **env})
         marker.write_text(" ".join(requirements))
     return folder
 

@@ -63,22 +63,27 @@ def make_env(root: Path, wheel: Path | None, host_packages: bool = True) -> Path
         paths = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
         (site_packages / "zz_host_packages.pth").write_text("\n".join(paths) + "\n")
     if wheel is not None:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--no-deps",
-                "--no-index",
-                "--target",
-                str(site_packages),
-                str(wheel),
-            ],
-            check=True,
-        )
+        pip_install_target(site_packages, str(wheel), "--no-index")
     return python
+
+
+def pip_install_target(folder: Path, *arguments: str, env: dict[str, str] | None = None) -> None:
+    """``pip install --no-deps --target folder ...`` with this interpreter's pip."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(folder),
+            *arguments,
+        ],
+        check=True,
+        env=env,
+    )
 
 
 def clean_environ(**overrides: str) -> dict[str, str]:

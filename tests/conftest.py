@@ -66,6 +66,16 @@ def guard_python(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return wheelenv.make_env(tmp_path_factory.mktemp("venv") / "env", wheel)
 
 
+@pytest.fixture
+def project(tmp_path):
+    """A working directory holding a Unique3D-like stage module."""
+    package = tmp_path / "mesh_reconstruction"
+    package.mkdir()
+    (package / "__init__.py").touch()
+    (package / "recon.py").write_text(STAGE_SOURCE)
+    return tmp_path
+
+
 def run_python(
     python: Path | str, code: str, cwd: Path, *args: str, check: bool = True, **env: str
 ) -> subprocess.CompletedProcess[str]:

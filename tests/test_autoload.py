@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 import wheelenv
-from conftest import ROOT, STAGE_SOURCE, run_python
+from conftest import ROOT, run_python
 
 LOADED = """
 import sys
@@ -26,16 +26,6 @@ try:
 except RuntimeError as exc:
     print("failed:", exc)
 """
-
-
-@pytest.fixture
-def project(tmp_path):
-    """A working directory holding a Unique3D-like stage module."""
-    package = tmp_path / "mesh_reconstruction"
-    package.mkdir()
-    (package / "__init__.py").touch()
-    (package / "recon.py").write_text(STAGE_SOURCE)
-    return tmp_path
 
 
 @pytest.mark.parametrize("value", [None, "", "0", "off", "OFF"])
@@ -168,20 +158,7 @@ def test_python_dash_s_skips_the_pth(guard_python, project):
 def test_run_command_where_pth_files_are_not_processed(wheel, tmp_path, project):
     # A --target install on PYTHONPATH: its .pth is never processed, `run` starts the guard.
     target = tmp_path / "target"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--target",
-            str(target),
-            str(wheel),
-        ],
-        check=True,
-    )
+    wheelenv.pip_install_target(target, str(wheel))
     (project / "usercode.py").write_text(textwrap.dedent(CALL_STAGE))
     env = wheelenv.clean_environ(PYTHONPATH=f"{target}:{project}")
     plain = subprocess.run(

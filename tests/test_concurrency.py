@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,7 @@ from collections import Counter
 
 import pytest
 import wheelenv
-from conftest import STAGE_SOURCE, run_python
+from conftest import run_python
 
 import autograd_guard
 from autograd_guard import guards
@@ -139,10 +140,8 @@ def read_log(path):
     return [json.loads(line) for line in lines]  # a torn line would fail here
 
 
-def test_processes_share_a_json_lines_log(guard_python, tmp_path):
-    (tmp_path / "mesh_reconstruction").mkdir()
-    (tmp_path / "mesh_reconstruction" / "__init__.py").touch()
-    (tmp_path / "mesh_reconstruction" / "recon.py").write_text(STAGE_SOURCE)
+def test_processes_share_a_json_lines_log(guard_python, project):
+    tmp_path = project
     (tmp_path / "worker.py").write_text(WORKER)
     (tmp_path / "main.py").write_text(MAIN)
     log = tmp_path / "events.jsonl"
@@ -172,16 +171,16 @@ torch.set_grad_enabled(False)
 verts, loss = recon.reconstruct_stage1(torch.ones(3), steps=5)  # a guarded stage
 total = torch.tensor([loss])
 dist.all_reduce(total)
-print(f"rank {dist.get_rank()} all-reduced {total.item() > 0}")
-dist.barrier()  # without it, gloo's teardown here sometimes aborts, guard or no guard
-dist.destroy_process_group()
+print(f"rank {dist.get_rank()} all-reduced {total.item() > 0}", flush=True)
+dist.barrier()
+# torch 2.13's gloo teardown at interpreter exit sometimes aborts ("terminate called
+# without an active exception"), guard or no guard: leave without it.
+os._exit(0)
 """
 
 
-def test_torchrun_workers_are_guarded_and_carry_their_rank(guard_python, tmp_path):
-    (tmp_path / "mesh_reconstruction").mkdir()
-    (tmp_path / "mesh_reconstruction" / "__init__.py").touch()
-    (tmp_path / "mesh_reconstruction" / "recon.py").write_text(STAGE_SOURCE)
+def test_torchrun_workers_are_guarded_and_carry_their_rank(guard_python, project):
+    tmp_path = project
     (tmp_path / "job.py").write_text(textwrap.dedent(DISTRIBUTED))
     log = tmp_path / "events.jsonl"
     result = subprocess.run(
@@ -202,9 +201,7 @@ def test_torchrun_workers_are_guarded_and_carry_their_rank(guard_python, tmp_pat
         ),
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(line for line in result.stdout.splitlines() if line.startswith("rank")) == [
-        "rank 0 all-reduced True",
-        "rank 1 all-reduced True",
-    ]
+    # Both ranks share one stdout, so their lines can interleave.
+    assert sorted(re.findall(r"rank (\d) all-reduced True", result.stdout)) == ["0", "1"]
     stages = [r for r in read_log(log) if r["guard"] == "grad_mode"]
     assert sorted(r["rank"] for r in stages) == ["0", "1"]
