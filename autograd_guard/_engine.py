@@ -44,16 +44,38 @@ def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
         _versions.clear_cache()
         _policy_in_force, _error = loaded, None
         for guard_class in guard_classes:
-            guard = guard_class(loaded)
-            _guards.append(guard)
-            if guard.unavailable:
-                guard.state = guard.unavailable
-                continue
-            if guard.mode == "off":
-                guard.state = "off"
-                continue
-            for target in guard.watch():
-                _watch(guard, target)
+            _start(guard_class, loaded)
+
+
+def _start(guard_class: type[Guard], policy: Policy) -> None:
+    """Set one guard up; a guard that breaks here is reported and the others go on."""
+    try:
+        guard = guard_class(policy)
+    except Exception as exc:
+        _events.emit(
+            f"guard {guard_class.name!r} could not start; it is off",
+            guard=guard_class.name,
+            action="guard_error",
+            callsite="start",
+            level="error",
+            error=repr(exc)[:500],
+        )
+        return
+    _guards.append(guard)
+    if guard.unavailable:
+        guard.state = guard.unavailable
+        return
+    if guard.mode == "off":
+        guard.state = "off"
+        return
+    try:
+        targets = list(guard.watch())
+    except Exception as exc:
+        guard.state = f"error: {exc!r}"
+        guard.fail("watch", exc)
+        return
+    for target in targets:
+        _watch(guard, target)
 
 
 def _watch(guard: Guard, target: Target) -> None:

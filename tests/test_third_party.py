@@ -87,3 +87,18 @@ def test_switched_off_by_name(site, tmp_path):
     (tmp_path / "autograd_guard.toml").write_text("[guards.triple]\nenabled = false\n")
     result = run_python(sys.executable, CALL, tmp_path, AUTOGRAD_GUARD="1", PYTHONPATH=str(site))
     assert result.stdout.split()[0] == "4"
+
+
+def test_a_guard_that_breaks_while_starting_is_isolated(site, tmp_path):
+    distribution(site, "startfail", "startfail = startfail:StartFail\n", {"startfail": '''
+from autograd_guard.guard import Guard
+
+class StartFail(Guard):
+    name = "startfail"
+
+    def __init__(self, policy):
+        raise RuntimeError("cannot start")
+'''})
+    result = run_python(sys.executable, CALL, tmp_path, AUTOGRAD_GUARD="1", PYTHONPATH=str(site))
+    assert result.stdout.split() == ["6", "True"]  # the other guard still works
+    assert "guard 'startfail' could not start; it is off" in result.stderr
