@@ -90,7 +90,12 @@ def test_switched_off_by_name(site, tmp_path):
 
 
 def test_a_guard_that_breaks_while_starting_is_isolated(site, tmp_path):
-    distribution(site, "startfail", "startfail = startfail:StartFail\n", {"startfail": '''
+    distribution(
+        site,
+        "startfail",
+        "startfail = startfail:StartFail\n",
+        {
+            "startfail": """
 from autograd_guard.guard import Guard
 
 class StartFail(Guard):
@@ -98,7 +103,9 @@ class StartFail(Guard):
 
     def __init__(self, policy):
         raise RuntimeError("cannot start")
-'''})
+"""
+        },
+    )
     result = run_python(sys.executable, CALL, tmp_path, AUTOGRAD_GUARD="1", PYTHONPATH=str(site))
     assert result.stdout.split() == ["6", "True"]  # the other guard still works
     assert "guard 'startfail' could not start; it is off" in result.stderr

@@ -33,6 +33,10 @@ def square(x: wp.array(dtype=wp.vec3), m: wp.array(dtype=wp.mat33), s: wp.array2
            z: wp.array(dtype=wp.vec3)):
     i = wp.tid(); z[i] = wp.cw_mul(x[i], x[i]) + m[i] * x[i] + wp.vec3(s[i, 0])
 
+@wp.kernel
+def k_tiled(x: wp.array(dtype=wp.vec3), y: wp.array(dtype=wp.vec3), z: wp.array(dtype=wp.vec3)):
+    i, j = wp.tid(); z[i] = x[i] + y[i]
+
 result = {"version": wp.config.version}
 with capture_events() as events:
     x = torch.ones((10, 3)); y = torch.ones((10, 3)); z = torch.zeros((10, 3))
@@ -63,6 +67,18 @@ with capture_events() as events:
         result["m"], result["s"] = m[0].tolist(), s[0].tolist()
     except Exception as exc:
         result["grad_error"] = f"{type(exc).__name__}: {exc}"
+    # wp.launch_tiled forwards to wp.launch through the module, so it is covered too.
+    x = torch.ones((10, 3)); z = torch.zeros((10, 3))
+    wp_z = wp.from_torch(z, dtype=wp.vec3, requires_grad=True)
+    tape = wp.Tape()
+    try:
+        with tape:
+            wp.launch_tiled(k_tiled, dim=[10], inputs=[x, wp_y], outputs=[wp_z], device="cpu",
+                            block_dim=1)
+        tape.backward(grads={wp_z: wp.ones_like(wp_z)})
+        result["tiled_x"] = x[0].tolist()
+    except Exception as exc:
+        result["tiled_error"] = f"{type(exc).__name__}: {exc}"
 result["events"] = events
 result["wrapped"] = hasattr(wp.launch, "__wrapped__")
 print(json.dumps(result, default=str))
@@ -98,6 +114,7 @@ def test_affected_version_corrupts_unguarded(tmp_path, warp_cache):
     result = run(AFFECTED, None, tmp_path, warp_cache)
     assert result["version"] == AFFECTED
     assert result["x"] == [2.0, 2.0, 2.0]  # the gradient was added into the caller's tensor
+    assert result["tiled_x"] == [2.0, 2.0, 2.0]
     assert "Can't call numpy() on Tensor that requires grad" in result["grad_error"]
 
 
@@ -107,11 +124,13 @@ def test_affected_version_guarded(tmp_path, warp_cache, action):
         AFFECTED, {"guards": {"warp_torch_args": {"action": action}}}, tmp_path, warp_cache
     )
     assert result["x"] == [1.0, 1.0, 1.0] and result["z"] == [2.0, 2.0, 2.0]
-    first, second = [e for e in result["events"] if e["action"] == action]
+    assert result["tiled_x"] == [1.0, 1.0, 1.0]
+    first, second, _tiled = [e for e in result["events"] if e["action"] == action]
     assert first["arguments"] == ["x"] and first["callsite"] == f"repro.py:{line_of_launch()}"
     assert second["arguments"] == ["m", "s"]  # matrix and 2-D parameters; x requires grad
     if action == "snapshot":
-        [restored] = [e for e in result["events"] if e["action"] == "snapshot_restored"]
+        restored, tiled = [e for e in result["events"] if e["action"] == "snapshot_restored"]
+        assert tiled["changes"][0]["argument"] == "x"
         assert restored["changes"][0]["argument"] == "x"
         assert restored["changes"][0]["max_abs_change"] == 1.0
     assert "grad_error" in result  # without bridge_grads, requires_grad still fails as before
