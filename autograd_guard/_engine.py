@@ -172,6 +172,7 @@ def status() -> dict[str, Any]:
         policy = _policy_in_force
         return {
             "installed": policy is not None,
+            "auto_loaded": _auto_loaded(),
             "policy": policy.source if policy else None,
             "mode": (policy.env_mode or policy.mode) if policy else None,
             "log": _events.destination(),
@@ -191,6 +192,12 @@ def status() -> dict[str, Any]:
             },
             "events": _events.summary(),
         }
+
+
+def _auto_loaded() -> bool:
+    from autograd_guard import _bootstrap
+
+    return _bootstrap._started
 
 
 def guards() -> list[Guard]:

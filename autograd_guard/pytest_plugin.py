@@ -5,6 +5,7 @@ until asked."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -29,6 +30,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from autograd_guard import _bootstrap
+
+    if _bootstrap.requested() and not _bootstrap._started:
+        # Set, yet the .pth never ran: an installer that drops it (kvcached#470, uv#19258).
+        sys.stderr.write(
+            "autograd-guard: AUTOGRAD_GUARD is set but autograd_guard.pth was not processed, "
+            "so nothing is guarded; reinstall without --editable, run under "
+            "'autograd-guard run --', or pass --autograd-guard=MODE\n"
+        )
     mode = config.getoption("autograd_guard", None)
     if mode:
         from autograd_guard import _engine, _policy

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -100,3 +101,17 @@ def test_pytest_plugin_strict_and_fixture(pytester: pytest.Pytester):
     strict = pytester.runpytest_subprocess("--autograd-guard=strict")
     assert strict.ret == 1
     strict.stdout.fnmatch_lines(["*GuardError*grad_mode*"])
+
+
+def test_pytest_warns_when_the_variable_is_set_but_the_pth_did_not_run(pytester, monkeypatch):
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    monkeypatch.setenv("AUTOGRAD_GUARD", "1")
+    # -S: site (and so every .pth) is skipped, as when an installer drops the .pth.
+    result = pytester.run(
+        sys.executable,
+        "-S",
+        "-c",
+        f"import sys; sys.path[:0] = {sys.path!r}; import pytest; sys.exit(pytest.main(['-q']))",
+    )
+    assert result.ret == 0
+    assert "AUTOGRAD_GUARD is set but autograd_guard.pth was not processed" in result.stderr.str()
