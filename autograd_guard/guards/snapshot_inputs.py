@@ -56,29 +56,24 @@ class SnapshotInputs(Guard):
         }
         self._parameters: dict[Target, list[str]] = {}
         self._exempt: dict[Target, frozenset[int | str]] = {}
-        self._version_of: Any = None
         self._tensor_type: Any = None
 
     def watch(self) -> Iterable[Target]:
         return list(self._rules)
 
     def handle(self, call: Call) -> Any:
-        if self._version_of is None:
+        if self._tensor_type is None:
             if "torch" not in sys.modules:
                 return call.proceed()
-            import operator
-
             self._tensor_type = sys.modules["torch"].Tensor
-            self._version_of = operator.attrgetter("_version")
         rule = self._rules[call.target]
         if rule["check"] == "version" and not call.kwargs and not rule["outputs"]:
-            # The hot path, kept to two C-level passes over the tensors.
-            tensor_type, version_of = self._tensor_type, self._version_of
-            tensors = [v for v in call.args if isinstance(v, tensor_type)]
-            versions = tuple(map(version_of, tensors))
+            # The hot path: one comprehension before the call and one after.
+            tensor_type, args = self._tensor_type, call.args
+            versions = [v._version for v in args if isinstance(v, tensor_type)]
             result = call.proceed()
-            if tuple(map(version_of, tensors)) != versions:
-                self._version_changed(call, self._inputs(call), list(versions))
+            if [v._version for v in args if isinstance(v, tensor_type)] != versions:
+                self._version_changed(call, self._inputs(call), versions)
             return result
         watched = self._inputs(call)
         if not watched:
@@ -88,11 +83,11 @@ class SnapshotInputs(Guard):
         versions = self._versions([t for _, t in watched])
         result = call.proceed()
         if self._versions([t for _, t in watched]) != versions:
-            self._version_changed(call, watched, list(versions))
+            self._version_changed(call, watched, versions)
         return result
 
-    def _versions(self, tensors: list[Any]) -> tuple[int, ...]:
-        return tuple(map(self._version_of, tensors))
+    def _versions(self, tensors: list[Any]) -> list[int]:
+        return [t._version for t in tensors]
 
     def _version_changed(self, call: Call, watched: Watched, versions: list[int]) -> None:
         changed = [
@@ -120,7 +115,7 @@ class SnapshotInputs(Guard):
             versions = self._versions([t for _, t in watched])
             result = call.proceed()
             if self._versions([t for _, t in watched]) != versions:
-                self._version_changed(call, watched, list(versions))
+                self._version_changed(call, watched, versions)
             return result
         snapshot = Snapshot()
         for key, tensor in watched:
