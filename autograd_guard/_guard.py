@@ -32,7 +32,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from types import FrameType, ModuleType
-    from typing import Any, ClassVar
+    from typing import Any, ClassVar, NoReturn
 
     from autograd_guard._policy import Policy
 
@@ -236,19 +236,16 @@ class Guard:
         """Report an intervention; raise in strict mode; True means: apply the fix."""
         callsite = call.callsite
         if self.mode == "strict":
-            self.emit(
-                event,
-                action=action,
-                callsite=callsite,
-                target=str(call.target),
-                level="error",
-                **fields,
-            )
-            raise GuardError(
-                f"autograd-guard [{self.name}] at {callsite}: {event}. Remedy: {self.remedy}"
-            )
+            self.refuse(event, action=action, callsite=callsite, target=str(call.target), **fields)
         self.emit(event, action=action, callsite=callsite, target=str(call.target), **fields)
         return self.mode == "fix"
+
+    def refuse(self, event: str, *, action: str, callsite: str, **fields: Any) -> NoReturn:
+        """Strict mode: log ``event`` as an error and raise it, naming the remedy."""
+        self.emit(event, action=action, callsite=callsite, level="error", **fields)
+        raise GuardError(
+            f"autograd-guard [{self.name}] at {callsite}: {event}. Remedy: {self.remedy}"
+        )
 
     def emit(
         self, event: str, *, action: str, callsite: str, level: str = "warning", **fields: Any

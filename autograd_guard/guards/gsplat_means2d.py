@@ -20,7 +20,6 @@ from __future__ import annotations
 import sys
 
 from autograd_guard._guard import Call, Guard, Target
-from autograd_guard.errors import GuardError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -65,17 +64,12 @@ class GsplatMeans2d(Guard):
         # Runs inside backward(): the user's own retain_grad() was in time, or not.
         if means2d is None or means2d.retains_grad:
             return
-        self.emit(
-            "meta['means2d'] gradient lost: retain_grad() was not called on it",
+        self.refuse(
+            "meta['means2d'] gradient lost in backward(): retain_grad() was not called on it",
             action="retain_grad",
             callsite=callsite,
-            level="error",
             target="gsplat.rendering:rasterization",
             shape=shape,
-        )
-        raise GuardError(
-            f"autograd-guard [{self.name}] at {callsite}: meta['means2d'] "
-            f"gradient lost in backward(). Remedy: {self.remedy}"
         )
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 
 from autograd_guard._guard import Call, Guard, Option, Target
-from autograd_guard.errors import GuardError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -80,14 +79,14 @@ class SnapshotInputs(Guard):
             return call.proceed()
         if rule["check"] == "data":
             return self._by_data(call, rule, watched)
-        versions = self._versions([t for _, t in watched])
+        return self._by_version(call, watched)
+
+    def _by_version(self, call: Call, watched: Watched) -> Any:
+        versions = [t._version for _, t in watched]
         result = call.proceed()
-        if self._versions([t for _, t in watched]) != versions:
+        if [t._version for _, t in watched] != versions:
             self._version_changed(call, watched, versions)
         return result
-
-    def _versions(self, tensors: list[Any]) -> list[int]:
-        return [t._version for t in tensors]
 
     def _version_changed(self, call: Call, watched: Watched, versions: list[int]) -> None:
         changed = [
@@ -112,11 +111,7 @@ class SnapshotInputs(Guard):
                 target=str(call.target),
                 level="info",
             )
-            versions = self._versions([t for _, t in watched])
-            result = call.proceed()
-            if self._versions([t for _, t in watched]) != versions:
-                self._version_changed(call, watched, versions)
-            return result
+            return self._by_version(call, watched)
         snapshot = Snapshot()
         for key, tensor in watched:
             snapshot.add(self._name(call, key), tensor)
@@ -135,16 +130,12 @@ class SnapshotInputs(Guard):
             "; restored" if restored else ""
         )
         if self.mode == "strict":
-            self.emit(
+            self.refuse(
                 event,
                 action="input_modified",
                 callsite=call.callsite,
                 target=str(call.target),
-                level="error",
                 changes=changes,
-            )
-            raise GuardError(
-                f"autograd-guard [{self.name}] at {call.callsite}: {event}. Remedy: {self.remedy}"
             )
         self.emit(
             event,

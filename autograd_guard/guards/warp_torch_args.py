@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import sys
 
-from autograd_guard import _versions
 from autograd_guard._guard import Call, Guard, Option, Target
 
 TYPE_CHECKING = False
@@ -71,7 +70,7 @@ class WarpTorchArgs(Guard):
     @property
     def corrupts(self) -> bool:
         """Whether the installed version writes into torch tensors (or the policy says so)."""
-        return self.forced or _versions.is_affected(self.version, self.affected)
+        return super().needed()  # the version gate itself, without bridge_grads
 
     def attach(self, module: ModuleType, target: Target, late: bool) -> None:
         if target.qualname == "launch" and (self._context is None or "_src" in module.__name__):
