@@ -109,8 +109,3 @@ def undo_all() -> list[str]:
             else:
                 skipped.append(f"{getattr(owner, '__name__', owner)}.{attribute}")
     return skipped
-
-
-def applied() -> list[tuple[object, str, object, object]]:
-    with _lock:
-        return list(_applied)
