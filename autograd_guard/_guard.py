@@ -319,14 +319,17 @@ class Guard:
             args: tuple[Any, ...],
             kwargs: dict[str, Any],
         ) -> Any:
+            # The library runs outside every try of ours: its exceptions, and the user's,
+            # pass through as the same objects with the same context, and it runs once.
             if not self.active:
                 return wrapped(*args, **kwargs)
             if not always:
                 try:
-                    if not risky(instance, args, kwargs):
-                        return wrapped(*args, **kwargs)
+                    is_risky = risky(instance, args, kwargs)
                 except Exception as exc:  # fail open: run the library untouched
                     self.fail("check", exc)
+                    is_risky = False
+                if not is_risky:
                     return wrapped(*args, **kwargs)
             call = Call(target, wrapped, instance, args, kwargs)
             try:
@@ -337,11 +340,13 @@ class Guard:
                 if exc is call.library_error:
                     raise  # the library's or the user's own exception, unchanged
                 self.fail("remedy", exc)
-                if call.library_error is not None:
-                    raise call.library_error from None
-                if call.has_result:
-                    return call.result
-                return wrapped(*args, **kwargs)
+            # The guard broke: the library's own outcome, raised or returned outside the
+            # except block so that nothing of the guard's failure is chained to it.
+            if call.library_error is not None:
+                raise call.library_error
+            if call.has_result:
+                return call.result
+            return wrapped(*args, **kwargs)
 
         autograd_guard_wrapper._autograd_guard_owner = self.name  # type: ignore[attr-defined]
         return autograd_guard_wrapper
