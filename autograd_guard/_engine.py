@@ -7,7 +7,7 @@ import os
 import sys
 
 from autograd_guard import _events, _importer, _patching, _policy, _versions
-from autograd_guard.errors import PolicyError
+from autograd_guard.errors import GuardError, PolicyError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -93,6 +93,8 @@ def _fail_open(guard: Guard, hook: Callable[[ModuleType], None]) -> Callable[[Mo
     def safe(module: ModuleType) -> None:
         try:
             hook(module)
+        except GuardError:
+            raise  # strict: already reported by the hook itself
         except Exception as exc:
             guard.fail("hook", exc)
 

@@ -177,6 +177,20 @@ def find_callsite(*libraries: str) -> str:
     return fallback or "<unknown>"
 
 
+def describe_error(exc: BaseException) -> str:
+    """An exception's type and where it was raised; never its message, which can hold the
+    user's data (tensor values, paths, strings)."""
+    text = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    trace = exc.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    if trace is not None:
+        code = trace.tb_frame.f_code
+        where = f"{os.path.basename(code.co_filename)}:{trace.tb_lineno}"
+        text += f" raised in {code.co_name} ({where})"
+    return text
+
+
 class Guard:
     """Base class of every guard. Subclasses declare the class attributes and ``handle``."""
 
@@ -248,7 +262,14 @@ class Guard:
         )
 
     def emit(
-        self, event: str, *, action: str, callsite: str, level: str = "warning", **fields: Any
+        self,
+        event: str,
+        *,
+        action: str,
+        callsite: str,
+        level: str = "warning",
+        remedy: str | None = None,
+        **fields: Any,
     ) -> bool:
         return _events.emit(
             event,
@@ -258,7 +279,7 @@ class Guard:
             level=level,
             mode=self.mode,
             version=self.version,
-            remedy=self.remedy,
+            remedy=remedy or self.remedy,
             **fields,
         )
 
@@ -269,10 +290,13 @@ class Guard:
             action="guard_error",
             callsite=f"{stage}:{type(exc).__name__}",
             level="error",
-            error=repr(exc)[:500],
+            error=describe_error(exc),
+            remedy="a bug in the guard: please report it with this event",
         )
         if self.mode == "strict":
-            raise GuardError(f"autograd-guard [{self.name}] failed in {stage}: {exc!r}") from exc
+            raise GuardError(
+                f"autograd-guard [{self.name}] failed in {stage}: {describe_error(exc)}"
+            ) from exc
 
     # -- what the engine calls -------------------------------------------------------
 
@@ -283,9 +307,13 @@ class Guard:
         if not self.needed():
             self.state = f"not needed for {self.installed_as} {self.version}"
             return
-        patched = _patching.wrap(
-            module, target.qualname, self._wrapper_for(target), target.aliases, scan_modules=late
-        )
+        try:
+            patched = _patching.wrap(
+                module, target.qualname, self._wrapper_for(target), target.aliases, late
+            )
+        except (AttributeError, _patching.NotCallableTarget) as exc:
+            self._untouched(module, target, exc)
+            return
         if patched is None:
             return
         self.state = "patched"
@@ -299,6 +327,22 @@ class Guard:
                 level="info",
                 places=patched.places,
             )
+
+    def _untouched(self, module: ModuleType, target: Target, exc: Exception) -> None:
+        """A target that is missing or not a function: named in its own event, left alone."""
+        if isinstance(exc, AttributeError):
+            found = f"module {module.__name__!r} has no attribute {target.qualname!r}"
+        else:
+            found = f"{target.qualname!r} in module {module.__name__!r} is {exc}"
+        self.state = f"target {target} not patched: {found}"
+        self.emit(
+            f"target {target} left untouched: {found}",
+            action="bad_target",
+            callsite=str(target),
+            target=str(target),
+            level="error",
+            remedy="fix the target's 'module:qualname' so that it names a function or method",
+        )
 
     def _wrapper_for(self, target: Target) -> Callable[..., Any]:
         key = str(target)

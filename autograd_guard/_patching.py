@@ -17,13 +17,57 @@ _lock = _thread.RLock()
 _applied: list[tuple[object, str, object, object]] = []
 
 
-class Patched:
-    """What one ``wrap`` call did: the original, the wrapper, and every place it was put."""
+class NotCallableTarget(TypeError):
+    """The target names a value that is not a function (``math:pi``): left untouched."""
 
-    def __init__(self, original: object, wrapper: object) -> None:
-        self.original = original
-        self.wrapper = wrapper
+
+class Patched:
+    """What one ``wrap`` call did: every place the wrapper was put."""
+
+    def __init__(self) -> None:
         self.places: list[str] = []
+
+
+_function_wrapper: Any = None
+
+
+def function_wrapper_type() -> Any:
+    """``wrapt.FunctionWrapper`` that pickles and copies exactly like the original.
+
+    A bare wrapt proxy refuses ``pickle`` ("object proxy must define __reduce_ex__()"),
+    which breaks ``multiprocessing``, ``torch.save`` and ``deepcopy`` of anything that
+    holds a guarded function. A function pickles by reference (module and qualified
+    name), and unpickling that reference finds the wrapper again; a bound method pickles
+    as ``getattr(instance, name)``. Copies of a function are the function itself.
+    """
+    global _function_wrapper
+    if _function_wrapper is None:
+        import wrapt
+
+        class GuardedBoundFunction(wrapt.BoundFunctionWrapper):  # type: ignore[misc, type-arg]
+            def __reduce_ex__(self, protocol: Any) -> Any:
+                return self.__wrapped__.__reduce_ex__(protocol)
+
+            def __copy__(self) -> Any:
+                return self
+
+            def __deepcopy__(self, memo: Any) -> Any:
+                return self
+
+        class GuardedFunction(wrapt.FunctionWrapper):  # type: ignore[misc, type-arg]
+            __bound_function_wrapper__ = GuardedBoundFunction
+
+            def __reduce_ex__(self, protocol: Any) -> Any:
+                return self.__wrapped__.__qualname__
+
+            def __copy__(self) -> Any:
+                return self
+
+            def __deepcopy__(self, memo: Any) -> Any:
+                return self
+
+        _function_wrapper = GuardedFunction
+    return _function_wrapper
 
 
 def wrap(
@@ -44,10 +88,10 @@ def wrap(
 
     with _lock:
         parent, attribute, original = wrapt.resolve_path(module, qualname)
-        if _is_ours(original, wrapper):
+        if _is_ours(getattr(original, "fget", original), wrapper):
             return None
-        function_wrapper = wrapt.FunctionWrapper(original, wrapper)
-        result = Patched(original, function_wrapper)
+        function_wrapper = _replacement(original, wrapper)
+        result = Patched()
         _set(parent, attribute, original, function_wrapper)
         result.places.append(f"{getattr(module, '__name__', module)}:{qualname}")
         for alias in aliases:
@@ -59,6 +103,18 @@ def wrap(
         if scan_modules:
             result.places += _replace_everywhere(original, function_wrapper)
         return result
+
+
+def _replacement(original: object, wrapper: Wrapper) -> object:
+    """The wrapped function; a property gets its getter wrapped, as its callable part."""
+    if isinstance(original, property):
+        if original.fget is None:
+            raise NotCallableTarget("a property without a getter")
+        getter = function_wrapper_type()(original.fget, wrapper)
+        return property(getter, original.fset, original.fdel, original.__doc__)
+    if not callable(original) or isinstance(original, type):
+        raise NotCallableTarget(f"a {type(original).__name__}, not a function")
+    return function_wrapper_type()(original, wrapper)
 
 
 def _is_ours(obj: object, wrapper: Wrapper) -> bool:

@@ -488,12 +488,36 @@ def _parse_rules(source: str, rules: Any, guards: list[type[Guard]]) -> list[Rul
                 f"invalid target {_short(target)}",
                 "'package.module:function' or 'package.module:Class.method'",
             )
+        _check_target_module(source, f"{key}.target", str(target))
         options = {k: o.default for k, o in guard.rule_options.items()}
         for option, value in rule.items():
             if option not in RULE_KEYS:
                 options[option] = guard.rule_options[option].check(source, f"{key}.{option}", value)
         parsed.append(Rule(str(target), action, options))
     return parsed
+
+
+def _check_target_module(source: str, key: str, target: str) -> None:
+    """Refuse targets a policy must not reach: the policy file can come with any checkout."""
+    import sys
+
+    top = target.partition(":")[0].partition(".")[0]
+    if top == "__main__":
+        raise PolicyError(
+            source,
+            key,
+            f"{target!r} is in the script being run, whose functions are defined and called "
+            "before any import could wrap them",
+            "a function in an importable module: move the stage into one",
+        )
+    if top in sys.stdlib_module_names or top == "autograd_guard":
+        raise PolicyError(
+            source,
+            key,
+            f"{target!r} belongs to Python itself (module {top!r}); rules never patch the "
+            "standard library or builtins",
+            "a function of your own code or of a third-party library",
+        )
 
 
 def _apply_environment(policy: Policy, environ: Mapping[str, str]) -> None:

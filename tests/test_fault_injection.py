@@ -190,7 +190,7 @@ def test_fail_open(name, mode, fault, make_module, tmp_path, monkeypatch):
     if fault == "remedy after the library" and library_alone[0] == "raised":
         assert errors == []  # the library's own error came first, unchanged
         return
-    assert len(errors) == 1 and "Injected" in errors[0]["error"], events
+    assert len(errors) == 1 and "Injected" in errors[0]["error"], events  # the type's name
     assert errors[0]["guard"] == name
 
 

@@ -13,7 +13,7 @@ import torch
 import autograd_guard
 from autograd_guard.testing import capture_events
 
-STAGES = '''
+STAGES = """
 calls = {"n": 0}
 
 class StageError(ValueError):
@@ -34,7 +34,7 @@ def recursive_stage(depth):
 
 def plain(x):
     return x + 1
-'''
+"""
 
 
 @pytest.fixture
@@ -81,3 +81,147 @@ def test_the_library_error_on_the_risky_path_is_the_same_object(stages):
         user_stages.failing_stage(1)  # risky: the guard re-enables grad, the body raises
     assert user_stages.calls["n"] == 1
     assert isinstance(raised.value.__cause__, KeyError)
+
+
+# -- pickling and copying -----------------------------------------------------------------
+
+PICKLED = """
+import torch
+
+def smooth(x):
+    return x * 2
+
+class Holder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fn = smooth
+
+    def step(self, x):
+        return self.fn(x)
+"""
+
+
+@pytest.fixture
+def pickled(make_module):
+    make_module("user_pickled", PICKLED)
+    autograd_guard.install(
+        {
+            "rules": [
+                {"target": f"user_pickled:{t}", "action": "enable_grad"}
+                for t in ("smooth", "Holder.step")
+            ]
+        }
+    )
+    import user_pickled
+
+    assert hasattr(user_pickled.smooth, "__wrapped__")  # really guarded
+    return user_pickled
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_a_guarded_function_pickles_by_reference(pickled, protocol):
+    assert pickle.loads(pickle.dumps(pickled.smooth, protocol)) is pickled.smooth
+
+
+def test_a_guarded_function_copies_as_itself(pickled):
+    assert copy.copy(pickled.smooth) is pickled.smooth
+    assert copy.deepcopy(pickled.smooth) is pickled.smooth
+    assert copy.deepcopy({"f": pickled.smooth})["f"] is pickled.smooth
+
+
+def test_a_guarded_method_pickles_like_a_bound_method(pickled):
+    holder = pickled.Holder()
+    clone = pickle.loads(pickle.dumps(holder.step))
+    assert clone(torch.ones(2)).tolist() == [2.0, 2.0]
+    assert copy.deepcopy(holder).step(torch.ones(1)).item() == 2.0
+
+
+def test_a_module_holding_a_guarded_function_saves_and_deep_copies(pickled, tmp_path):
+    holder = pickled.Holder()
+    torch.save(holder, tmp_path / "holder.pt")
+    loaded = torch.load(tmp_path / "holder.pt", weights_only=False)
+    assert loaded.fn is pickled.smooth
+    assert copy.deepcopy(holder).fn is pickled.smooth
+
+
+def test_spawned_workers_receive_a_guarded_function(pickled):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(2) as pool:
+        assert [t.item() for t in pool.map(pickled.smooth, [torch.ones(1)] * 3)] == [2.0] * 3
+    with ProcessPoolExecutor(1, mp_context=context) as executor:
+        assert executor.submit(pickled.smooth, torch.ones(1)).result().item() == 2.0
+
+
+# -- targets that are not functions -------------------------------------------------------
+
+VALUES = """
+import torch
+
+PI = 3.14159
+SEP = "/"
+
+def present(x):
+    return x
+
+class Shape:
+    sides = 4
+
+    def __init__(self):
+        self.calls = 0
+
+    @property
+    def area(self):
+        self.calls += 1
+        x = torch.ones(1, requires_grad=True)
+        return (x * 2).requires_grad
+"""
+
+
+@pytest.fixture
+def values(make_module):
+    make_module("user_values", VALUES)
+
+
+def test_values_are_left_untouched_with_one_event_each(values):
+    names = ("PI", "SEP", "Shape.sides", "missing", "Shape.absent")
+    with capture_events() as events:
+        autograd_guard.install(
+            {"rules": [{"target": f"user_values:{n}", "action": "enable_grad"} for n in names]}
+        )
+        import user_values
+    assert user_values.PI == 3.14159 and type(user_values.PI) is float
+    assert type(user_values.SEP) is str and user_values.Shape.sides == 4
+    assert sorted(e["target"] for e in events) == sorted(f"user_values:{n}" for n in names)
+    assert all(e["action"] == "bad_target" and e["level"] == "error" for e in events)
+    [missing] = [e for e in events if e["target"] == "user_values:missing"]
+    assert "module 'user_values' has no attribute 'missing'" in missing["event"]
+    assert "enable_grad" not in missing["remedy"]
+
+
+def test_a_property_target_runs_its_getter_with_grad(values):
+    autograd_guard.install(
+        {"rules": [{"target": "user_values:Shape.area", "action": "enable_grad"}]}
+    )
+    import user_values
+
+    shape = user_values.Shape()
+    with torch.no_grad(), capture_events() as events:
+        assert shape.area is True  # grad was on inside the getter
+    assert shape.calls == 1 and len(events) == 1
+    autograd_guard.uninstall()
+    with torch.no_grad():
+        assert shape.area is False
+
+
+@pytest.mark.parametrize("target", ["math:pi", "os:system", "builtins:print", "os.path:join"])
+def test_rules_on_python_itself_are_refused(target):
+    with pytest.raises(autograd_guard.PolicyError, match=r"rules\[0\]\.target.*Python itself"):
+        autograd_guard.install({"rules": [{"target": target, "action": "enable_grad"}]})
+
+
+def test_rules_on_the_script_being_run_are_refused_with_a_reason():
+    with pytest.raises(autograd_guard.PolicyError, match="script being run"):
+        autograd_guard.install({"rules": [{"target": "__main__:stage", "action": "snapshot"}]})
