@@ -113,7 +113,9 @@ def _replacement(original: object, wrapper: Wrapper) -> object:
         getter = function_wrapper_type()(original.fget, wrapper)
         return property(getter, original.fset, original.fdel, original.__doc__)
     if not callable(original) or isinstance(original, type):
-        raise NotCallableTarget(f"a {type(original).__name__}, not a function")
+        kind = type(original).__name__
+        article = "an" if kind[:1] in "aeiou" else "a"
+        raise NotCallableTarget(f"{article} {kind}, not a function")
     return function_wrapper_type()(original, wrapper)
 
 

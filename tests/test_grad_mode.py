@@ -149,3 +149,122 @@ def test_user_rule_on_a_method(make_module, grad_off):
     from my_pipeline.model import Refiner
 
     assert Refiner().refine(torch.ones(1)).item() == pytest.approx(-2.0)
+
+
+RESUMABLE = """
+import torch
+
+def stage_generator(n):
+    seen = []
+    for i in range(n):
+        received = yield torch.is_grad_enabled()
+        seen.append(received)
+    return seen
+
+def stage_throwing():
+    try:
+        yield torch.is_grad_enabled()
+    except KeyError:
+        yield ("caught", torch.is_grad_enabled())
+
+async def stage_coroutine(hops):
+    import asyncio
+    states = []
+    for _ in range(hops):
+        states.append(torch.is_grad_enabled())
+        await asyncio.sleep(0)
+    x = torch.ones(1, requires_grad=True)
+    (x * 2).sum().backward()
+    return states, x.grad.item()
+
+async def stage_async_generator(n):
+    import asyncio
+    for _ in range(n):
+        await asyncio.sleep(0)
+        yield torch.is_grad_enabled()
+
+def fill(out, value):
+    out.fill_(value)
+    x = torch.ones(1, requires_grad=True)
+    (x * out.sum()).sum().backward()
+    return x.grad.item()
+"""
+
+
+@pytest.fixture
+def resumable(make_module):
+    make_module("user_resumable", RESUMABLE)
+    names = (
+        "stage_generator",
+        "stage_throwing",
+        "stage_coroutine",
+        "stage_async_generator",
+        "fill",
+    )
+    autograd_guard.install(
+        {"rules": [{"target": f"user_resumable:{n}", "action": "enable_grad"} for n in names]}
+    )
+    import user_resumable
+
+    return user_resumable
+
+
+def test_a_generator_stage_has_grad_at_every_resume(resumable, grad_off):
+    with capture_events() as events:
+        generator = resumable.stage_generator(3)
+        assert next(generator) is True
+        assert not torch.is_grad_enabled()  # the caller's mode between resumes
+        assert generator.send("a") is True
+        assert not torch.is_grad_enabled()
+        assert generator.send("b") is True
+        with pytest.raises(StopIteration) as stop:
+            generator.send("c")
+    assert stop.value.value == ["a", "b", "c"]
+    assert [e["action"] for e in events] == ["enable_grad"]
+
+
+def test_a_generator_stage_receives_thrown_exceptions(resumable, grad_off):
+    generator = resumable.stage_throwing()
+    assert next(generator) is True
+    assert generator.throw(KeyError("x")) == ("caught", True)
+    generator.close()
+    assert not torch.is_grad_enabled()
+
+
+def test_a_coroutine_stage_has_grad_across_awaits(resumable, grad_off):
+    import asyncio
+
+    async def caller():
+        result = await resumable.stage_coroutine(3)
+        return result, torch.is_grad_enabled()
+
+    (states, grad), caller_grad = asyncio.run(caller())
+    assert states == [True, True, True] and grad == 2.0
+    assert caller_grad is False
+
+
+def test_an_async_generator_stage_has_grad_at_every_resume(resumable, grad_off):
+    import asyncio
+
+    async def caller():
+        seen = []
+        async for state in resumable.stage_async_generator(3):
+            seen.append((state, torch.is_grad_enabled()))
+        return seen
+
+    assert asyncio.run(caller()) == [(True, False)] * 3
+
+
+def test_a_generator_stage_with_grad_on_is_silent(resumable):
+    with capture_events() as events:
+        assert list(resumable.stage_generator(2)) == [True, True]
+    assert events == []
+
+
+def test_writes_into_a_cloned_inference_tensor_reach_the_caller(resumable):
+    with torch.inference_mode(), capture_events() as events:
+        out = torch.zeros(3)
+        grad = resumable.fill(out, 2.0)
+    assert out.tolist() == [2.0, 2.0, 2.0] and grad == 6.0
+    assert out.is_inference()
+    assert [e["action"] for e in events] == ["enable_grad", "copy_back"]

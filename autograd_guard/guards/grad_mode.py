@@ -8,8 +8,10 @@ require grad and does not have a grad_fn".
 Upstream: AiuniAI/Unique3D#19 and #105.
 Affected: any version; the stages are named by ``enable_grad`` rules in the policy.
 Remedy: run the stage under ``torch.inference_mode(False)`` and ``torch.enable_grad()``,
-with clones of any inference tensors among its arguments; the caller's modes come back
-afterwards.
+with clones of any inference tensors among its arguments (writes into a clone are copied
+back into the caller's tensor); the caller's modes come back afterwards. A generator,
+coroutine or async generator stage gets the modes at every resume (``next``, ``send``,
+``throw``, ``await``) and the caller's modes between resumes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from autograd_guard._guard import Call, Guard, Target
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import AsyncGenerator, Callable, Generator, Iterable
     from typing import Any
 
 NO_GRAD_MESSAGE = "does not require grad and does not have a grad_fn"
@@ -37,6 +39,13 @@ class GradMode(Guard):
     def watch(self) -> Iterable[Target]:
         return [Target(rule.module, rule.qualname) for rule in self.policy.rules_for("enable_grad")]
 
+    def check_for(self, target: Target) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], bool]:
+        # A generator or coroutine runs its body at each resume, not at the call: every
+        # call is handled, and the modes are checked at each resume.
+        if _resumable(target) is not None:
+            return lambda instance, args, kwargs: "torch" in sys.modules
+        return self.risky
+
     def risky(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         torch = sys.modules.get("torch")
         return torch is not None and (
@@ -44,23 +53,30 @@ class GradMode(Guard):
         )
 
     def handle(self, call: Call) -> Any:
+        if _resumable(call.target) is not None:
+            return self._resumable(call)
         torch = sys.modules["torch"]
-        inference = torch.is_inference_mode_enabled()
-        found = _count_inference_tensors(torch, (call.args, call.kwargs), 0)
-        cause = "inference mode" if inference else "grad disabled"
-        if not self.intervene(
-            call,
-            "enable_grad",
-            f"stage entered with {cause}; grad re-enabled",
-            cause=cause,
-            cloned_inference_tensors=found,
-        ):
+        clones = _InferenceClones(torch, (call.args, call.kwargs))
+        if not self._intervene(call, clones.found):
             return self._proceed_with_note(call, call.args, call.kwargs, fixed=False)
         with torch.inference_mode(False), torch.enable_grad():
-            args, kwargs = call.args, call.kwargs
-            if found:
-                args, kwargs = _clone_inference_tensors(torch, (args, kwargs), 0)
-            return self._proceed_with_note(call, args, kwargs, fixed=True)
+            args, kwargs = clones.prepare()
+            try:
+                return self._proceed_with_note(call, args, kwargs, fixed=True)
+            finally:
+                clones.copy_back(self, call)
+
+    def _intervene(self, call: Call, found: int) -> bool:
+        torch = sys.modules["torch"]
+        cause = "inference mode" if torch.is_inference_mode_enabled() else "grad disabled"
+        done = "re-enabled" if self.mode == "fix" else "needed"
+        return self.intervene(
+            call,
+            "enable_grad",
+            f"stage entered with {cause}; grad {done}",
+            cause=cause,
+            cloned_inference_tensors=found,
+        )
 
     def _proceed_with_note(
         self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], fixed: bool
@@ -71,6 +87,167 @@ class GradMode(Guard):
             if NO_GRAD_MESSAGE in str(exc) and hasattr(exc, "add_note"):
                 exc.add_note(_note(str(call.target), fixed))
             raise
+
+    # -- generators and coroutines -------------------------------------------------------
+
+    def _resumable(self, call: Call) -> Any:
+        """The generator or coroutine, driven so that each resume runs with grad."""
+        call.callsite  # noqa: B018 - the caller's line, while the caller is on the stack
+        inner = call.proceed()
+        kind = _resumable(call.target)
+        if kind == "asyncgen":
+            return _async_generator(inner, lambda: self._resume_modes(call))
+        driven = _drive(inner, lambda: self._resume_modes(call))
+        if kind == "coroutine":
+            return _await(driven)
+        return driven
+
+    def _resume_modes(self, call: Call) -> Any:
+        torch = sys.modules["torch"]
+        if self.risky(None, (), {}) and self._intervene(call, 0):
+            return _Modes(torch)
+        return _NO_MODES
+
+
+class _Modes:
+    """``inference_mode(False)`` and ``enable_grad()`` for one resume."""
+
+    __slots__ = ("_grad", "_inference")
+
+    def __init__(self, torch: Any) -> None:
+        self._inference = torch.inference_mode(False)
+        self._grad = torch.enable_grad()
+
+    def __enter__(self) -> None:
+        self._inference.__enter__()
+        self._grad.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._grad.__exit__(*exc)
+        self._inference.__exit__(*exc)
+
+
+class _NoModes:
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+_NO_MODES = _NoModes()
+
+
+def _drive(inner: Any, modes: Callable[[], Any]) -> Generator[Any, Any, Any]:
+    """Resume ``inner`` (a generator, coroutine or ``asend`` awaitable) under ``modes()``
+    at every ``next``/``send``/``throw``; the caller's modes hold between resumes."""
+    value: Any = None
+    thrown: BaseException | None = None
+    while True:
+        with modes():
+            try:
+                item = inner.send(value) if thrown is None else inner.throw(thrown)
+            except StopIteration as stop:
+                return stop.value
+        try:
+            value, thrown = (yield item), None
+        except GeneratorExit:
+            with modes():
+                inner.close()
+            raise
+        except BaseException as exc:  # thrown in by the caller: pass it on to the body
+            value, thrown = None, exc
+
+
+class _Awaitable:
+    __slots__ = ("_driven",)
+
+    def __init__(self, driven: Generator[Any, Any, Any]) -> None:
+        self._driven = driven
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return self._driven
+
+
+async def _await(driven: Generator[Any, Any, Any]) -> Any:
+    return await _Awaitable(driven)
+
+
+async def _async_generator(inner: Any, modes: Callable[[], Any]) -> AsyncGenerator[Any, Any]:
+    value: Any = None
+    thrown: BaseException | None = None
+    while True:
+        step = inner.asend(value) if thrown is None else inner.athrow(thrown)
+        try:
+            item = await _Awaitable(_drive(step, modes))
+        except StopAsyncIteration:
+            return
+        try:
+            value, thrown = (yield item), None
+        except GeneratorExit:
+            await _Awaitable(_drive(inner.aclose(), modes))
+            raise
+        except BaseException as exc:
+            value, thrown = None, exc
+
+
+def _resumable(target: Target) -> str | None:
+    """``generator``, ``coroutine`` or ``asyncgen`` for such a target, else None."""
+    kind = _KINDS.get(target)
+    if kind is None:
+        import inspect
+
+        function: Any = sys.modules.get(target.module)
+        for part in target.qualname.split("."):
+            function = getattr(function, part, None)
+        function = getattr(function, "fget", function)  # a property's getter
+        kind = _KINDS[target] = (
+            "generator"
+            if inspect.isgeneratorfunction(function)
+            else "coroutine"
+            if inspect.iscoroutinefunction(function)
+            else "asyncgen"
+            if inspect.isasyncgenfunction(function)
+            else ""
+        )
+    return kind or None
+
+
+_KINDS: dict[Target, str] = {}
+
+
+class _InferenceClones:
+    """Clones of the inference tensors among a stage's arguments (autograd cannot save
+    inference tensors); whatever the stage writes into a clone is copied back."""
+
+    def __init__(self, torch: Any, arguments: Any) -> None:
+        self._torch = torch
+        self._arguments = arguments
+        self.found = _count_inference_tensors(torch, arguments, 0)
+        self._pairs: list[tuple[Any, Any, int]] = []  # original, clone, clone's version
+
+    def prepare(self) -> Any:
+        """The arguments to pass (call under inference_mode(False))."""
+        if not self.found:
+            return self._arguments
+        return _clone_inference_tensors(self._torch, self._arguments, 0, self._pairs)
+
+    def copy_back(self, guard: Guard, call: Call) -> None:
+        written = [(o, c) for o, c, version in self._pairs if c._version != version]
+        if not written:
+            return
+        with self._torch.inference_mode():
+            for original, clone in written:
+                original.copy_(clone)
+        guard.emit(
+            f"the stage wrote into {len(written)} inference tensor(s) it was given; "
+            "the writes were copied back into the caller's tensors",
+            action="copy_back",
+            callsite=call.callsite,
+            target=str(call.target),
+            level="info",
+            shapes=[list(o.shape) for o, _ in written],
+        )
 
 
 def _note(target: str, fixed: bool) -> str:
@@ -99,18 +276,25 @@ def _count_inference_tensors(torch: Any, value: Any, depth: int) -> int:
     return 0
 
 
-def _clone_inference_tensors(torch: Any, value: Any, depth: int) -> Any:
-    """A copy of ``value`` with inference tensors cloned (call under inference_mode(False))."""
+def _clone_inference_tensors(
+    torch: Any, value: Any, depth: int, pairs: list[tuple[Any, Any, int]]
+) -> Any:
+    """A copy of ``value`` with inference tensors cloned (call under inference_mode(False)),
+    each (original, clone, clone version) recorded in ``pairs``."""
     if isinstance(value, torch.Tensor):
-        return value.clone() if value.is_inference() else value
+        if not value.is_inference():
+            return value
+        clone = value.clone()
+        pairs.append((value, clone, clone._version))
+        return clone
     if depth >= _MAX_DEPTH:
         return value
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_clone_inference_tensors(torch, v, depth + 1) for v in value)
+        return tuple(_clone_inference_tensors(torch, v, depth + 1, pairs) for v in value)
     if isinstance(value, list):
-        return [_clone_inference_tensors(torch, v, depth + 1) for v in value]
+        return [_clone_inference_tensors(torch, v, depth + 1, pairs) for v in value]
     if isinstance(value, dict):
-        return {k: _clone_inference_tensors(torch, v, depth + 1) for k, v in value.items()}
+        return {k: _clone_inference_tensors(torch, v, depth + 1, pairs) for k, v in value.items()}
     return value
 
 
