@@ -133,7 +133,8 @@ def uninstall() -> None:
 
 
 def install_from_environment(environ: Mapping[str, str] | None = None) -> None:
-    """The auto-load: install, and on an invalid policy run unguarded (strict: stop)."""
+    """The auto-load: install, and on an invalid policy run unguarded (strict: stop at the
+    import of torch)."""
     global _error
     environ = os.environ if environ is None else environ
     try:
@@ -141,7 +142,8 @@ def install_from_environment(environ: Mapping[str, str] | None = None) -> None:
     except PolicyError as exc:
         _error = str(exc)
         if declared_mode(environ) == "strict":
-            raise SystemExit(f"autograd-guard: invalid policy: {exc}") from None
+            _stop_at_torch_import(exc)
+            return
         _events.configure(environ.get("AUTOGRAD_GUARD_LOG", "").strip() or None)
         _events.emit(
             "invalid policy; running unguarded",
@@ -152,6 +154,25 @@ def install_from_environment(environ: Mapping[str, str] | None = None) -> None:
             error=str(exc),
             remedy="Run 'autograd-guard check' and fix the key it names.",
         )
+
+
+STOP_MODULE = "torch"
+
+
+def _stop_at_torch_import(error: PolicyError) -> None:
+    """Strict with an invalid policy: stop the programs the guard exists for, and only those.
+
+    Raising here, inside ``site``, would kill every interpreter in the environment (pip,
+    ``autograd-guard check`` itself) with "Fatal Python error: init_import_site". A
+    program that imports torch stops at that import instead, with one line and exit 1.
+    """
+    line = f"autograd-guard: invalid policy in strict mode: {error}"
+    sys.stderr.write(f"{line}; a program that imports torch stops there\n")
+
+    def stop(_: ModuleType) -> None:
+        raise SystemExit(line)
+
+    _importer.when_imported(STOP_MODULE, stop)
 
 
 def declared_mode(environ: Mapping[str, str]) -> str | None:

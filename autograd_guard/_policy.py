@@ -26,6 +26,7 @@ GUARD_KEYS = ("enabled", "mode", "force")
 RULE_KEYS = ("target", "action")
 MAX_STRING = 4096
 MAX_LIST = 1024
+MAX_POLICY_BYTES = 1 << 20
 
 
 class Option:
@@ -190,6 +191,13 @@ def discover(environ: Mapping[str, str], cwd: str) -> tuple[str, str, bool]:
         candidate = os.path.join(folder, POLICY_FILE)
         if os.path.isfile(candidate):
             return candidate, candidate, False
+        if os.path.islink(candidate):
+            raise PolicyError(
+                candidate,
+                "",
+                f"a symbolic link to {os.readlink(candidate)!r}, which does not exist",
+                "a policy file: fix or remove the link",
+            )
         if pyproject is None and os.path.isfile(os.path.join(folder, "pyproject.toml")):
             pyproject = os.path.join(folder, "pyproject.toml")
         parent = os.path.dirname(folder)
@@ -222,7 +230,7 @@ def _has_tool_table(pyproject: str) -> bool:
     checked on the bytes, so that a pyproject.toml without it is never parsed."""
     try:
         with open(pyproject, "rb") as f:
-            lines = f.read().splitlines()
+            lines = f.read(MAX_POLICY_BYTES).removeprefix(b"\xef\xbb\xbf").splitlines()
     except OSError:
         return False
     return any(
@@ -266,16 +274,7 @@ def load(
 
 def read_toml(description: str, path: str, is_pyproject: bool = False) -> dict[str, Any]:
     """The policy table in ``path``; parsed TOML is cached (see ``_ParseCache``)."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise PolicyError(
-            description,
-            "",
-            f"cannot read the policy file: {exc.strerror or exc}",
-            "a readable TOML file",
-        ) from None
+    raw = _read_policy_bytes(description, path)
     cache = _ParseCache.shared()
     data = cache.get(path, raw)
     if data is None:
@@ -284,13 +283,39 @@ def read_toml(description: str, path: str, is_pyproject: bool = False) -> dict[s
     return data
 
 
+def _read_policy_bytes(description: str, path: str) -> bytes:
+    """The file's bytes; never blocks or reads without end (a FIFO, ``/dev/zero``)."""
+    import stat
+
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise PolicyError(description, "", "not a regular file", "a TOML file")
+        if info.st_size > MAX_POLICY_BYTES:
+            raise PolicyError(
+                description, "", f"{info.st_size} bytes", f"at most {MAX_POLICY_BYTES} bytes"
+            )
+        with open(path, "rb") as f:
+            raw = f.read(MAX_POLICY_BYTES + 1)
+    except OSError as exc:
+        raise PolicyError(
+            description,
+            "",
+            f"cannot read the policy file: {exc.strerror or exc}",
+            "a readable TOML file",
+        ) from None
+    if len(raw) > MAX_POLICY_BYTES:
+        raise PolicyError(description, "", "too large", f"at most {MAX_POLICY_BYTES} bytes")
+    return raw
+
+
 def _parse(description: str, raw: bytes, is_pyproject: bool) -> dict[str, Any]:
     try:
         import tomllib
     except ImportError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef, import-not-found, unused-ignore]
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = tomllib.loads(raw.decode("utf-8-sig"))  # a byte-order mark is fine
     except UnicodeDecodeError as exc:
         raise PolicyError(description, "", f"not UTF-8 text ({exc.reason})") from None
     except tomllib.TOMLDecodeError as exc:

@@ -119,13 +119,40 @@ def test_invalid_policy_runs_unguarded_with_a_clear_error(guard_python, project)
     assert "allowed: 'off', 'observe', 'fix', 'strict'" in result.stderr
 
 
-def test_invalid_policy_stops_the_program_in_strict(guard_python, project):
-    (project / "autograd_guard.toml").write_text('mode = "strict"\nspeed = 3\n')
-    result = run_python(guard_python, "print('ran')", project, check=False, AUTOGRAD_GUARD="1")
-    assert result.returncode == 1 and "ran" not in result.stdout
-    assert "autograd-guard: invalid policy:" in result.stderr and "speed: unknown key" in (
-        result.stderr
+def test_invalid_policy_in_strict_stops_only_programs_that_import_torch(guard_python, project):
+    policy = project / "autograd_guard.toml"
+    policy.write_text('mode = "strict"\nspeed = 3\n')
+    plain = run_python(guard_python, "print('ran')", project, AUTOGRAD_GUARD="1")
+    assert plain.stdout == "ran\n"
+    assert len(plain.stderr.splitlines()) == 1 and "speed: unknown key" in plain.stderr
+    pip = subprocess.run(
+        [str(guard_python), "-m", "pip", "--version"],
+        env=wheelenv.clean_environ(AUTOGRAD_GUARD="1"),
+        cwd=project,
+        capture_output=True,
+        text=True,
     )
+    assert pip.returncode == 0 and "pip" in pip.stdout
+    check = subprocess.run(
+        [str(guard_python), "-m", "autograd_guard.cli", "check"],
+        env=wheelenv.clean_environ(AUTOGRAD_GUARD="1"),
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 1 and "speed: unknown key" in check.stderr
+    torch_user = run_python(
+        guard_python,
+        "print('before')\nimport torch\nprint('ran')",
+        project,
+        check=False,
+        AUTOGRAD_GUARD="1",
+    )
+    assert torch_user.returncode == 1 and torch_user.stdout == "before\n"
+    lines = torch_user.stderr.splitlines()
+    assert "Traceback" not in torch_user.stderr and "Fatal" not in torch_user.stderr
+    assert lines[-1].startswith("autograd-guard: invalid policy in strict mode: ")
+    assert f"{policy}: speed: unknown key (allowed: extends" in lines[-1]
 
 
 def test_uninstall_restores_the_original(guard_python, project):

@@ -174,3 +174,40 @@ def test_pyproject_that_only_names_the_package_is_not_a_policy(tmp_path):
         '[tool.autograd_guard.guards.grad_mode]\nmode = "observe"\n'
     )
     assert load(cwd=tmp_path).mode_for("grad_mode") == "observe"
+
+
+# -- policy files that are not plain files ------------------------------------------------
+
+
+def test_a_device_or_fifo_as_policy_is_refused_without_reading(tmp_path):
+    import os
+
+    fifo = tmp_path / "policy.fifo"
+    os.mkfifo(fifo)  # opening it for reading would block until a writer comes
+    for named in ("/dev/zero", str(fifo)):
+        with pytest.raises(PolicyError, match=f"{named}: not a regular file"):
+            load(environ={"AUTOGRAD_GUARD_POLICY": named}, cwd=tmp_path)
+    (tmp_path / "autograd_guard.toml").write_text('extends = "/dev/zero"\n')
+    with pytest.raises(PolicyError, match=r"extends: cannot use '/dev/zero'.*not a regular file"):
+        load(cwd=tmp_path)
+
+
+def test_a_policy_over_the_size_limit_is_refused(tmp_path):
+    big = tmp_path / "big.toml"
+    big.write_text("# padding\n" * (_policy.MAX_POLICY_BYTES // 10 + 1))
+    with pytest.raises(PolicyError, match=r"big.toml: \d+ bytes \(allowed: at most 1048576"):
+        load(str(big), cwd=tmp_path)
+
+
+def test_a_dangling_policy_link_is_named(tmp_path):
+    (tmp_path / "autograd_guard.toml").symlink_to(tmp_path / "gone.toml")
+    with pytest.raises(PolicyError, match=r"symbolic link to .*gone.toml', which does not exist"):
+        load(cwd=tmp_path)
+
+
+def test_a_byte_order_mark_is_accepted(tmp_path):
+    (tmp_path / "autograd_guard.toml").write_bytes(b'\xef\xbb\xbfmode = "observe"\n')
+    assert load(cwd=tmp_path).mode == "observe"
+    (tmp_path / "autograd_guard.toml").unlink()
+    (tmp_path / "pyproject.toml").write_bytes(b'\xef\xbb\xbf[tool.autograd_guard]\nmode = "off"\n')
+    assert load(cwd=tmp_path).mode == "off"
