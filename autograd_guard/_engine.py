@@ -24,6 +24,18 @@ _guards: list[Guard] = []
 _error: str | None = None
 
 
+def _after_fork_in_child() -> None:
+    # A lock held by another thread at fork time would never be released in the child.
+    global _lock
+    _lock = _thread.RLock()
+    for guard in _guards:
+        guard._lock = _thread.allocate_lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
     """Load the policy and hook every enabled guard's targets; replaces an earlier install.
 
@@ -39,7 +51,7 @@ def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
             loaded = policy
         else:
             loaded = _policy.load(policy, guard_classes)
-        _events.configure(loaded.log)
+        _events.configure(loaded.log, loaded.log_source)
         _events.reset()
         _versions.clear_cache()
         _policy_in_force, _error = loaded, None

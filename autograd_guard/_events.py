@@ -24,19 +24,53 @@ STDERR = "stderr"
 LOGGING = "logging"
 
 _lock = _thread.allocate_lock()
+_logger_lock = _thread.allocate_lock()  # held while the logger (and structlog) is made
 _counts: dict[tuple[str, str, str], int] = {}
 _listeners: list[Listener] = []
 _destination = STDERR
+_destination_source = "default"
 _logger: Any = None
 _atexit_registered = False
 
 
-def configure(destination: str | None) -> None:
-    """Send events to ``stderr``, ``logging`` or a file path (JSON lines)."""
-    global _destination, _logger
+def configure(destination: str | None, source: str = "AUTOGRAD_GUARD_LOG") -> None:
+    """Send events to ``stderr``, ``logging`` or a file path (JSON lines); ``source`` says
+    where that was set, for the message if the file cannot be written."""
+    global _destination, _destination_source, _logger
     with _lock:
         _destination = destination or STDERR
+        _destination_source = source if destination else "default"
         _logger = None
+
+
+def _before_fork() -> None:
+    # A child forked while another thread holds a lock, or is half-way through importing
+    # structlog for the first event, would wait for ever: fork only between those.
+    _logger_lock.acquire(timeout=5)
+    _lock.acquire(timeout=5)
+
+
+def _after_fork_in_parent() -> None:
+    for lock in (_lock, _logger_lock):
+        if lock.locked():
+            try:  # noqa: SIM105 - contextlib costs start-up time
+                lock.release()
+            except RuntimeError:  # taken by another thread after the timeout
+                pass
+
+
+def _after_fork_in_child() -> None:
+    global _lock, _logger_lock
+    _lock = _thread.allocate_lock()
+    _logger_lock = _thread.allocate_lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 def destination() -> str:
@@ -110,6 +144,11 @@ def _deliver(level: str, record: dict[str, Any], listeners: list[Listener]) -> N
 
 
 def _make_logger() -> Any:
+    with _logger_lock:
+        return _logger or _new_logger()
+
+
+def _new_logger() -> Any:
     global _logger
     import logging
 
@@ -117,12 +156,14 @@ def _make_logger() -> Any:
 
     dest = _destination
     renderer: Any
-    if dest in (STDERR, LOGGING):
+    if dest == STDERR:
         renderer = _render_line
+    elif dest == LOGGING:  # the host's logging shows the level itself
+        renderer = _render_message
     else:
         renderer = structlog.processors.JSONRenderer(sort_keys=False)
     _logger = structlog.wrap_logger(
-        _Sink(dest),
+        _Sink(dest, _destination_source),
         processors=[
             _describe_arrays,
             structlog.processors.add_log_level,
@@ -146,12 +187,14 @@ def _describe_arrays(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> A
 _LINE_KEYS = ("event", "guard", "action", "callsite", "remedy", "level", "timestamp")
 
 
-def _render_line(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> str:
+def _render_line(logger: Any, name: str, event_dict: MutableMapping[str, Any]) -> str:
+    level = event_dict.get("level", "warning")
+    return f"autograd-guard {level}: {_render_message(logger, name, event_dict)}"
+
+
+def _render_message(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> str:
     extras = " ".join(f"{k}={v}" for k, v in event_dict.items() if k not in _LINE_KEYS)
-    line = (
-        f"autograd-guard {event_dict.get('level', 'warning')}: [{event_dict.get('guard')}/"
-        f"{event_dict.get('action')}] {event_dict.get('event')}"
-    )
+    line = f"[{event_dict.get('guard')}/{event_dict.get('action')}] {event_dict.get('event')}"
     if event_dict.get("callsite", "-") != "-":
         line += f" at {event_dict['callsite']}"
     if extras:
@@ -161,29 +204,73 @@ def _render_line(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> str:
     return line
 
 
-class _Sink:
-    """The structlog logger: writes each rendered line with one system call."""
+def _sink_method(level: str) -> Any:
+    """One logging method of ``_Sink``: stdlib ``logging`` at that level, or a write."""
 
-    def __init__(self, dest: str) -> None:
+    def log(self: _Sink, line: str) -> None:
+        if self.dest == LOGGING:
+            import logging
+
+            logging.getLogger("autograd_guard").log(getattr(logging, level.upper()), line)
+        else:
+            self.msg(line)
+
+    return log
+
+
+class _Sink:
+    """The structlog logger: writes each rendered line with one system call.
+
+    A log file is opened once, without blocking (a FIFO with no reader must not hang the
+    program), and must be a regular file; when it cannot be used the events go to stderr
+    after one line naming the path and where it was set.
+    """
+
+    def __init__(self, dest: str, source: str) -> None:
         self.dest = dest
+        self.source = source
+        self.fd: int | None = None
+        self.fallback = False
 
     def msg(self, line: str) -> None:
         data = (line.replace("\n", " ") + "\n").encode("utf-8", "replace")
-        if self.dest == STDERR:
-            sys.stderr.write(data.decode("utf-8"))
-            sys.stderr.flush()
-        elif self.dest == LOGGING:
-            import logging
-
-            logging.getLogger("autograd_guard").warning(line)
-        else:
-            fd = os.open(self.dest, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
+        if self.dest != STDERR and not self.fallback:
+            fd = self.fd if self.fd is not None else self._open()
+            if fd is not None:
                 os.write(fd, data)
-            finally:
-                os.close(fd)
+                return
+        sys.stderr.write(data.decode("utf-8"))
+        sys.stderr.flush()
 
-    debug = info = warning = warn = error = critical = exception = msg
+    def _open(self) -> int | None:
+        import stat
+
+        try:
+            fd = os.open(self.dest, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        except OSError as exc:
+            self._give_up(exc.strerror or str(exc))
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            self._give_up("not a regular file")
+            return None
+        os.set_blocking(fd, True)
+        self.fd = fd
+        return fd
+
+    def _give_up(self, why: str) -> None:
+        self.fallback = True
+        sys.stderr.write(
+            f"autograd-guard: cannot write events to {self.dest!r} (set by {self.source}): "
+            f"{why}; writing them to stderr instead\n"
+        )
+
+    debug = _sink_method("debug")
+    info = _sink_method("info")
+    warning = _sink_method("warning")
+    error = _sink_method("error")
+    critical = _sink_method("critical")
+    warn = warning
 
 
 def _register_summary() -> None:

@@ -9,6 +9,7 @@ Hooks fire at once for modules that are already imported, and again after a relo
 from __future__ import annotations
 
 import _thread
+import os
 import sys
 
 TYPE_CHECKING = False
@@ -22,6 +23,16 @@ if TYPE_CHECKING:
 _hooks: dict[str, list[Hook]] = {}
 _lock = _thread.RLock()
 _finder: _PostImportFinder | None = None
+
+
+def _after_fork_in_child() -> None:
+    # A lock held by another thread at fork time would never be released in the child.
+    global _lock
+    _lock = _thread.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def when_imported(name: str, hook: Hook) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import os
 import sys
 
 TYPE_CHECKING = False
@@ -15,6 +16,16 @@ if TYPE_CHECKING:
 _lock = _thread.RLock()
 # (owner, attribute, original, replacement); applied in order, undone in reverse.
 _applied: list[tuple[object, str, object, object]] = []
+
+
+def _after_fork_in_child() -> None:
+    # A lock held by another thread at fork time would never be released in the child.
+    global _lock
+    _lock = _thread.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class NotCallableTarget(TypeError):

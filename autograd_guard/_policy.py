@@ -145,6 +145,7 @@ class Policy:
         self.guards = guards
         self.rules = rules
         self.env_mode: str | None = None
+        self.log_source = "AUTOGRAD_GUARD_LOG"  # where ``log`` was set, for messages
 
     def mode_for(self, guard: str) -> str:
         """The mode that applies to ``guard``: off, observe, fix or strict."""
@@ -426,6 +427,7 @@ def _build(
         base.mode = _choice(source, "mode", data["mode"], MODES)
     if "log" in data:
         base.log = Option(str, None).check(source, "log", data["log"]) or None
+        base.log_source = f"the 'log' key of {source}"
     known = [g.name for g in guards]
     if "disable" in data:
         names = Option(list, []).check(source, "disable", data["disable"])
@@ -562,7 +564,7 @@ def _apply_environment(policy: Policy, environ: Mapping[str, str]) -> None:
     policy.disabled |= {n.strip() for n in disabled.split(",") if n.strip()}
     log = environ.get("AUTOGRAD_GUARD_LOG", "").strip()
     if log:
-        policy.log = log
+        policy.log, policy.log_source = log, "AUTOGRAD_GUARD_LOG"
 
 
 def _check_keys(source: str, where: str, table: dict[str, Any], allowed: Sequence[str]) -> None:
