@@ -298,6 +298,64 @@ class Guard:
                 f"autograd-guard [{self.name}] failed in {stage}: {describe_error(exc)}"
             ) from exc
 
+    # -- torch.compile and TorchScript --------------------------------------------------
+
+    def compiled_call(
+        self, target: Target, original: Callable[..., Any], proxy: Any, fullgraph: bool
+    ) -> Callable[..., Any]:
+        """What ``torch.compile`` traces in place of the wrapper: the guard's traceable
+        remedy (``_traced``), else the guarded call run eagerly (a graph break), else,
+        under ``fullgraph=True``, the original, said in one event."""
+        try:
+            traced = self._traced(target, original) if self.mode in ("observe", "fix") else None
+        except Exception as exc:
+            self.fail("compile", exc)
+            traced = None
+        if traced is not None:
+            return traced
+        if not fullgraph:
+            import torch
+
+            return torch._dynamo.disable(proxy)  # type: ignore[no-any-return, no-untyped-call]
+        self.emit(
+            f"{target} is traced by torch.compile(fullgraph=True), where this guard cannot "
+            "run: calls inside that graph are not guarded",
+            action="compiled_unguarded",
+            callsite=str(target),
+            target=str(target),
+            remedy="compile without fullgraph=True so that the guarded call runs eagerly",
+        )
+        return original
+
+    def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
+        """A function ``torch.compile`` can trace that applies the remedy (None: none)."""
+        return None
+
+    def compiled_remedy(self, target: Target, action: str, what: str) -> Callable[[Any], None]:
+        """For ``_traced`` functions: ``torch._dynamo.comptime`` this while tracing the
+        remedy, to log that it was compiled into a graph."""
+
+        def report(_: Any = None) -> None:
+            self.emit(
+                f"{what} (compiled into a torch.compile graph)",
+                action=action,
+                callsite=f"{target} (compiled)",
+                target=str(target),
+            )
+
+        return report
+
+    def scripted(self, target: Target) -> None:
+        """``torch.jit.script`` compiles the original's source, without the guard."""
+        self.emit(
+            f"{target} is compiled by TorchScript, where this guard cannot run: calls in "
+            "the scripted code are not guarded",
+            action="scripted_unguarded",
+            callsite=str(target),
+            target=str(target),
+            remedy="leave the guarded function out of torch.jit.script (torch.jit.ignore)",
+        )
+
     # -- what the engine calls -------------------------------------------------------
 
     def attach(self, module: ModuleType, target: Target, late: bool) -> None:
@@ -393,6 +451,14 @@ class Guard:
             return wrapped(*args, **kwargs)
 
         autograd_guard_wrapper._autograd_guard_owner = self.name  # type: ignore[attr-defined]
+        autograd_guard_wrapper._autograd_guard_compiled = (  # type: ignore[attr-defined]
+            lambda original, proxy, fullgraph: self.compiled_call(
+                target, original, proxy, fullgraph
+            )
+        )
+        autograd_guard_wrapper._autograd_guard_scripted = (  # type: ignore[attr-defined]
+            lambda: self.scripted(target)
+        )
         return autograd_guard_wrapper
 
 

@@ -68,6 +68,33 @@ def function_wrapper_type() -> Any:
         class GuardedFunction(wrapt.FunctionWrapper):  # type: ignore[misc, type-arg]
             __bound_function_wrapper__ = GuardedBoundFunction
 
+            def __init__(self, wrapped: Any, wrapper: Any) -> None:
+                super().__init__(wrapped, wrapper)
+                self._self_compiled: dict[bool, Any] = {}
+
+            @property
+            def _torchdynamo_inline(self) -> Any:
+                # torch.compile traces this function in place of the wrapper (a wrapt
+                # proxy passes for the original function, whose code Dynamo would trace
+                # past the guard). Read at every guard check: cached per fullgraph.
+                fullgraph = _dynamo_fullgraph()
+                inline = self._self_compiled.get(fullgraph)
+                if inline is None:
+                    owner = getattr(self._self_wrapper, "_autograd_guard_compiled", None)
+                    inline = owner(self.__wrapped__, self, fullgraph) if owner else None
+                    inline = self._self_compiled[fullgraph] = inline or self.__wrapped__
+                return inline
+
+            @property
+            def _torchscript_modifier(self) -> Any:
+                # torch.jit.script compiles the original's source: say so, once.
+                report = getattr(self._self_wrapper, "_autograd_guard_scripted", None)
+                if report is not None:
+                    report()
+                import torch
+
+                return torch._jit_internal.FunctionModifiers.DEFAULT
+
             def __reduce_ex__(self, protocol: Any) -> Any:
                 return self.__wrapped__.__qualname__
 
@@ -114,6 +141,15 @@ def wrap(
         if scan_modules:
             result.places += _replace_everywhere(original, function_wrapper)
         return result
+
+
+def _dynamo_fullgraph() -> bool:
+    """Whether torch.compile is tracing right now with ``fullgraph=True``."""
+    tracing = sys.modules.get("torch._dynamo.symbolic_convert")
+    current = getattr(getattr(tracing, "tls", None), "current_tx", None)
+    return bool(
+        getattr(current, "one_graph", False) or getattr(current, "error_on_graph_break", False)
+    )
 
 
 def _replacement(original: object, wrapper: Wrapper) -> object:

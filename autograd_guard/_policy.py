@@ -298,12 +298,10 @@ def _read_policy_bytes(description: str, path: str) -> bytes:
             )
         with open(path, "rb") as f:
             raw = f.read(MAX_POLICY_BYTES + 1)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        why = getattr(exc, "strerror", None) or str(exc)
         raise PolicyError(
-            description,
-            "",
-            f"cannot read the policy file: {exc.strerror or exc}",
-            "a readable TOML file",
+            description, "", f"cannot read the policy file: {why}", "a readable TOML file"
         ) from None
     if len(raw) > MAX_POLICY_BYTES:
         raise PolicyError(description, "", "too large", f"at most {MAX_POLICY_BYTES} bytes")

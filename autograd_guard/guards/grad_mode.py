@@ -66,6 +66,26 @@ class GradMode(Guard):
             finally:
                 clones.copy_back(self, call)
 
+    def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
+        if _resumable(target) is not None:
+            return None  # a generator or coroutine under torch.compile: run it eagerly
+        torch = sys.modules["torch"]
+        from torch._dynamo.comptime import comptime
+
+        report = self.compiled_remedy(target, "enable_grad", "stage entered with grad disabled")
+        fix = self.mode == "fix"
+
+        def grad_mode_traced(*args: Any, **kwargs: Any) -> Any:
+            if torch.is_grad_enabled():
+                return original(*args, **kwargs)
+            comptime(report)
+            if not fix:
+                return original(*args, **kwargs)
+            with torch.enable_grad():
+                return original(*args, **kwargs)
+
+        return grad_mode_traced
+
     def _intervene(self, call: Call, found: int) -> bool:
         torch = sys.modules["torch"]
         cause = "inference mode" if torch.is_inference_mode_enabled() else "grad disabled"

@@ -96,6 +96,46 @@ class IpexXpu(Guard):
         device = getattr(tensor, "device", None)
         return device is not None and device.type in self._devices and not in_reference_run()
 
+    # -- under torch.compile ----------------------------------------------------------
+
+    def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
+        if target.qualname.endswith(".forward"):
+            return None  # the cross-check re-runs eagerly: a graph break
+        torch = sys.modules["torch"]
+        from torch._dynamo.comptime import comptime
+
+        devices, fix = tuple(self._devices), self.mode == "fix"
+        if target.qualname == "interpolate":
+            report = self.compiled_remedy(target, "bicubic_on_cpu", "bicubic computed on the CPU")
+
+            def interpolate_traced(*args: Any, **kwargs: Any) -> Any:
+                tensor: Any = kwargs.get("input", args[0] if args else None)
+                mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
+                scale = kwargs.get("scale_factor", args[2] if len(args) > 2 else None)
+                if mode != "bicubic" or scale is None or tensor.device.type not in devices:
+                    return original(*args, **kwargs)
+                comptime(report)
+                if not fix:
+                    return original(*args, **kwargs)
+                if "input" in kwargs:
+                    return original(*args, **{**kwargs, "input": tensor.cpu()}).to(tensor.device)
+                return original(tensor.cpu(), *args[1:], **kwargs).to(tensor.device)
+
+            return interpolate_traced
+        default = _training_default(original)
+        report = self.compiled_remedy(target, "dropout_identity", "dropout skipped in inference")
+
+        def dropout_traced(*args: Any, **kwargs: Any) -> Any:
+            training = kwargs.get("training", args[2] if len(args) > 2 else default)
+            tensor: Any = kwargs.get("input", args[0] if args else None)
+            inference = not torch.is_grad_enabled()
+            if not (training and inference and tensor.device.type in devices):
+                return original(*args, **kwargs)
+            comptime(report)
+            return tensor if fix else original(*args, **kwargs)
+
+        return dropout_traced
+
     # -- dropout ---------------------------------------------------------------------
 
     def _dropout_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -202,6 +242,16 @@ class IpexXpu(Guard):
         if call.target.qualname.endswith(".forward"):
             return self._crosscheck(call)
         return self._dropout(call)
+
+
+def _training_default(function: Callable[..., Any]) -> Any:
+    """The default of a dropout function's ``training`` (``alpha_dropout``'s is False)."""
+    import inspect
+
+    try:
+        return inspect.signature(function).parameters["training"].default
+    except (KeyError, TypeError, ValueError):
+        return True
 
 
 def _tensors(value: Any) -> Iterable[Any]:

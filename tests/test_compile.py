@@ -1,0 +1,173 @@
+"""Under ``torch.compile`` (inductor and the eager backend) and TorchScript, a remedy
+applies as in eager mode, or the guarded call runs eagerly with it (a graph break), or one
+event says the guard could not run there. A compile that works unguarded with
+``fullgraph=True`` keeps working guarded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import autograd_guard
+from autograd_guard.testing import capture_events
+
+BACKENDS = ["inductor", "eager"]
+
+STAGES = """
+import torch
+
+def stage(x, w):
+    return (x * w).sum()
+
+def writes(x):
+    x.add_(1)
+    return x * 2
+
+def pure(x):
+    return x * 2
+"""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def stages(make_module):
+    make_module("compiled_stages", STAGES)
+    rules = [
+        {"target": "compiled_stages:stage", "action": "enable_grad"},
+        {"target": "compiled_stages:writes", "action": "snapshot", "check": "data"},
+        {"target": "compiled_stages:pure", "action": "snapshot"},
+    ]
+    autograd_guard.install({"rules": rules})
+    import compiled_stages
+
+    return compiled_stages
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_grad_mode_remedy_is_compiled_into_the_graph(stages, backend, fullgraph):
+    def step(x, w):
+        return stages.stage(x, w)
+
+    weights = torch.ones(3, requires_grad=True)
+    compiled = torch.compile(step, backend=backend, fullgraph=fullgraph)
+    with torch.no_grad(), capture_events() as events:
+        loss = compiled(torch.ones(3), weights)
+    assert loss.requires_grad  # grad was on inside the stage, as in eager mode
+    loss.backward()
+    assert weights.grad.tolist() == [1.0, 1.0, 1.0]
+    assert [e["action"] for e in events] == ["enable_grad"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stage_that_needs_no_remedy_compiles_with_fullgraph_and_is_silent(stages, backend):
+    def step(x, w):
+        return stages.stage(x, w) + stages.pure(x).sum()
+
+    weights = torch.ones(3, requires_grad=True)
+    with capture_events() as events:
+        result = torch.compile(step, backend=backend, fullgraph=True)(torch.ones(3), weights)
+    assert result.item() == 9.0 and result.requires_grad
+    assert [e for e in events if e["action"] != "compiled_unguarded"] == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_snapshot_rule_runs_eagerly_inside_a_compiled_function(stages, backend):
+    def step(x):
+        return stages.writes(x).sin()
+
+    x = torch.zeros(3)
+    with capture_events() as events:
+        torch.compile(step, backend=backend)(x)
+    assert x.tolist() == [0.0, 0.0, 0.0]  # restored, as in eager mode
+    assert [e["action"] for e in events] == ["input_modified"]
+
+
+def test_under_fullgraph_a_guard_that_cannot_run_says_so_once(stages):
+    def step(x):
+        return stages.pure(x).sin()
+
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    with capture_events() as events:
+        compiled(torch.ones(3))
+        compiled(torch.ones(3))
+    [event] = events
+    assert event["action"] == "compiled_unguarded" and event["target"] == "compiled_stages:pure"
+
+
+@pytest.fixture
+def ipex_on_cpu(tmp_path, monkeypatch):
+    """The stand-in IPEX distribution of tests/test_ipex.py, affected devices = cpu."""
+    from autograd_guard import _versions
+
+    site = tmp_path / "site"
+    (site / "intel_extension_for_pytorch").mkdir(parents=True)
+    (site / "intel_extension_for_pytorch" / "__init__.py").write_text("")
+    info = site / "intel_extension_for_pytorch-2.1.10+xpu.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: intel-extension-for-pytorch\nVersion: 2.1.10+xpu\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    _versions.clear_cache()
+    autograd_guard.install({"guards": {"ipex_xpu": {"devices": ["cpu"]}}})
+    import intel_extension_for_pytorch  # noqa: F401
+
+    yield
+    autograd_guard.uninstall()
+    import sys
+
+    sys.modules.pop("intel_extension_for_pytorch", None)
+    _versions.clear_cache()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_ipex_dropout_remedy_survives_compile(ipex_on_cpu, backend, fullgraph):
+    def infer(x):
+        return F.dropout(x, p=0.5, training=True) * 1.0
+
+    compiled = torch.compile(infer, backend=backend, fullgraph=fullgraph)
+    with torch.no_grad(), capture_events() as events:
+        out = compiled(torch.ones(1000))
+    assert int((out == 0).sum()) == 0  # eager guarded: no element dropped
+    assert [e["action"] for e in events] == ["dropout_identity"]
+    with capture_events() as events:
+        trained = compiled(torch.ones(1000))  # grad on: training, dropout applies
+    assert 300 < int((trained == 0).sum()) < 700 and events == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ipex_bicubic_remedy_survives_compile(ipex_on_cpu, backend):
+    image = torch.rand(1, 3, 8, 8)
+    expected = F.interpolate(image, scale_factor=2, mode="bicubic")
+
+    def resize(x):
+        return F.interpolate(x, scale_factor=2, mode="bicubic")
+
+    with capture_events() as events:
+        out = torch.compile(resize, backend=backend, fullgraph=True)(image)
+    torch.testing.assert_close(out, expected)
+    # The compiled remedy; with the eager backend the graph also calls F.interpolate by
+    # name at run time, where the stand-in device list ("cpu") still matches the copy.
+    assert {e["action"] for e in events} == {"bicubic_on_cpu"}
+    assert any(e["callsite"].endswith("(compiled)") for e in events)
+
+
+def test_torchscript_of_a_guarded_function_says_the_guard_cannot_run(stages):
+    class Model(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return stages.pure(x) + 1
+
+    with capture_events() as events:
+        scripted = torch.jit.script(Model())
+    assert scripted(torch.ones(2)).tolist() == [3.0, 3.0]
+    [event] = events
+    assert event["action"] == "scripted_unguarded" and event["target"] == "compiled_stages:pure"
