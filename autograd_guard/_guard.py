@@ -47,6 +47,9 @@ def _wrapt_dir() -> str:
     return os.path.dirname(os.path.abspath(wrapt.__file__)) + os.sep
 
 
+_TRACED_IDS = iter(range(1 << 62))  # names the modules of Guard.traceable copies
+
+
 class Target:
     """A callable to wrap: ``module`` defines ``qualname``; ``aliases`` re-export it.
 
@@ -330,6 +333,23 @@ class Guard:
     def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
         """A function ``torch.compile`` can trace that applies the remedy (None: none)."""
         return None
+
+    @staticmethod
+    def traceable(template: Callable[..., Any], **state: Any) -> Callable[..., Any]:
+        """A copy of the module-level ``template`` whose global ``compiled`` holds ``state``.
+
+        What ``_traced`` returns must not be a closure: for a method, Dynamo guards the
+        traced function's closure through the wrapper, which forwards to the original's.
+        """
+        import types
+
+        # Dynamo finds a traced function's globals through sys.modules[__name__].
+        name = f"autograd_guard._traced_{template.__name__}_{next(_TRACED_IDS)}"
+        module = types.ModuleType(name)
+        module.__dict__.update(template.__globals__)
+        module.__dict__.update(__name__=name, compiled=types.SimpleNamespace(**state))
+        sys.modules[name] = module
+        return types.FunctionType(template.__code__, module.__dict__, template.__name__)
 
     def compiled_remedy(self, target: Target, action: str, what: str) -> Callable[[Any], None]:
         """For ``_traced`` functions: ``torch._dynamo.comptime`` this while tracing the

@@ -298,6 +298,8 @@ def _read_policy_bytes(description: str, path: str) -> bytes:
             )
         with open(path, "rb") as f:
             raw = f.read(MAX_POLICY_BYTES + 1)
+    except PolicyError:
+        raise
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
         why = getattr(exc, "strerror", None) or str(exc)
         raise PolicyError(

@@ -22,7 +22,7 @@ import torch
 import wrapt
 from benchtable import Row, print_table
 
-from autograd_guard import _policy
+from autograd_guard import _patching, _policy
 from autograd_guard._guard import Guard, Target
 from autograd_guard.guards import available
 
@@ -51,7 +51,9 @@ def compare(
 
 
 def wrap(guard: Guard, target: Target, function: Any) -> Any:
-    return wrapt.FunctionWrapper(function, guard._wrapper_for(target))
+    # The proxy type the engine installs (it pickles, copies and compiles like the original).
+    proxy = getattr(_patching, "function_wrapper_type", lambda: wrapt.FunctionWrapper)()
+    return proxy(function, guard._wrapper_for(target))
 
 
 def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:

@@ -26,6 +26,10 @@ def writes(x):
 
 def pure(x):
     return x * 2
+
+class Fitter:
+    def run(self, x, w):
+        return (x * w).sum()
 """
 
 
@@ -43,6 +47,7 @@ def stages(make_module):
         {"target": "compiled_stages:stage", "action": "enable_grad"},
         {"target": "compiled_stages:writes", "action": "snapshot", "check": "data"},
         {"target": "compiled_stages:pure", "action": "snapshot"},
+        {"target": "compiled_stages:Fitter.run", "action": "enable_grad"},
     ]
     autograd_guard.install({"rules": rules})
     import compiled_stages
@@ -63,6 +68,22 @@ def test_grad_mode_remedy_is_compiled_into_the_graph(stages, backend, fullgraph)
     assert loss.requires_grad  # grad was on inside the stage, as in eager mode
     loss.backward()
     assert weights.grad.tolist() == [1.0, 1.0, 1.0]
+    assert [e["action"] for e in events] == ["enable_grad"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_a_method_stage_gets_its_remedy_compiled(stages, backend, fullgraph):
+    fitter = stages.Fitter()
+
+    def step(x, w):
+        return fitter.run(x, w)
+
+    weights = torch.ones(3, requires_grad=True)
+    compiled = torch.compile(step, backend=backend, fullgraph=fullgraph)
+    with torch.no_grad(), capture_events() as events:
+        loss = compiled(torch.ones(3), weights)
+    assert loss.requires_grad
     assert [e["action"] for e in events] == ["enable_grad"]
 
 

@@ -176,3 +176,19 @@ def test_join_meshes_batch_matches():
     assert torch.allclose(
         taubin_smoothing(batch).verts_packed(), ORIGINAL(batch).verts_packed(), atol=1e-5
     )
+
+
+def test_the_guarded_function_pickles_copies_and_cloudpickles_as_the_original(guard):
+    import copy
+    import pickle
+
+    import cloudpickle
+    from pytorch3d import ops
+
+    guarded = ops.taubin_smoothing
+    assert guarded is not ORIGINAL and guarded.__wrapped__ is ORIGINAL
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        assert pickle.loads(pickle.dumps(guarded, protocol)) is guarded
+    assert pickle.loads(cloudpickle.dumps(guarded)) is guarded
+    assert copy.copy(guarded) is guarded and copy.deepcopy(guarded) is guarded
+    assert copy.deepcopy({"smooth": mesh_filtering.taubin_smoothing})["smooth"] is guarded

@@ -69,22 +69,16 @@ class GradMode(Guard):
     def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
         if _resumable(target) is not None:
             return None  # a generator or coroutine under torch.compile: run it eagerly
-        torch = sys.modules["torch"]
         from torch._dynamo.comptime import comptime
 
-        report = self.compiled_remedy(target, "enable_grad", "stage entered with grad disabled")
-        fix = self.mode == "fix"
-
-        def grad_mode_traced(*args: Any, **kwargs: Any) -> Any:
-            if torch.is_grad_enabled():
-                return original(*args, **kwargs)
-            comptime(report)
-            if not fix:
-                return original(*args, **kwargs)
-            with torch.enable_grad():
-                return original(*args, **kwargs)
-
-        return grad_mode_traced
+        return self.traceable(
+            _grad_mode_traced,
+            torch=sys.modules["torch"],
+            comptime=comptime,
+            original=original,
+            report=self.compiled_remedy(target, "enable_grad", "stage entered with grad off"),
+            fix=self.mode == "fix",
+        )
 
     def _intervene(self, call: Call, found: int) -> bool:
         torch = sys.modules["torch"]
@@ -127,6 +121,20 @@ class GradMode(Guard):
         if self.risky(None, (), {}) and self._intervene(call, 0):
             return _Modes(torch)
         return _NO_MODES
+
+
+compiled: Any = None  # the state of each traceable copy of the function below
+
+
+def _grad_mode_traced(*args: Any, **kwargs: Any) -> Any:
+    """What torch.compile traces in place of a stage: enable_grad inside the graph."""
+    if compiled.torch.is_grad_enabled():
+        return compiled.original(*args, **kwargs)
+    compiled.comptime(compiled.report)
+    if not compiled.fix:
+        return compiled.original(*args, **kwargs)
+    with compiled.torch.enable_grad():
+        return compiled.original(*args, **kwargs)
 
 
 class _Modes:

@@ -101,40 +101,22 @@ class IpexXpu(Guard):
     def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
         if target.qualname.endswith(".forward"):
             return None  # the cross-check re-runs eagerly: a graph break
-        torch = sys.modules["torch"]
         from torch._dynamo.comptime import comptime
 
-        devices, fix = tuple(self._devices), self.mode == "fix"
+        state = {
+            "torch": sys.modules["torch"],
+            "comptime": comptime,
+            "original": original,
+            "devices": tuple(self._devices),
+            "fix": self.mode == "fix",
+        }
         if target.qualname == "interpolate":
-            report = self.compiled_remedy(target, "bicubic_on_cpu", "bicubic computed on the CPU")
-
-            def interpolate_traced(*args: Any, **kwargs: Any) -> Any:
-                tensor: Any = kwargs.get("input", args[0] if args else None)
-                mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
-                scale = kwargs.get("scale_factor", args[2] if len(args) > 2 else None)
-                if mode != "bicubic" or scale is None or tensor.device.type not in devices:
-                    return original(*args, **kwargs)
-                comptime(report)
-                if not fix:
-                    return original(*args, **kwargs)
-                if "input" in kwargs:
-                    return original(*args, **{**kwargs, "input": tensor.cpu()}).to(tensor.device)
-                return original(tensor.cpu(), *args[1:], **kwargs).to(tensor.device)
-
-            return interpolate_traced
-        default = _training_default(original)
+            what = "bicubic computed on the CPU"
+            report = self.compiled_remedy(target, "bicubic_on_cpu", what)
+            return self.traceable(_interpolate_traced, report=report, **state)
         report = self.compiled_remedy(target, "dropout_identity", "dropout skipped in inference")
-
-        def dropout_traced(*args: Any, **kwargs: Any) -> Any:
-            training = kwargs.get("training", args[2] if len(args) > 2 else default)
-            tensor: Any = kwargs.get("input", args[0] if args else None)
-            inference = not torch.is_grad_enabled()
-            if not (training and inference and tensor.device.type in devices):
-                return original(*args, **kwargs)
-            comptime(report)
-            return tensor if fix else original(*args, **kwargs)
-
-        return dropout_traced
+        default = _training_default(original)
+        return self.traceable(_dropout_traced, report=report, default=default, **state)
 
     # -- dropout ---------------------------------------------------------------------
 
@@ -242,6 +224,35 @@ class IpexXpu(Guard):
         if call.target.qualname.endswith(".forward"):
             return self._crosscheck(call)
         return self._dropout(call)
+
+
+compiled: Any = None  # the state of each traceable copy of the two functions below
+
+
+def _dropout_traced(*args: Any, **kwargs: Any) -> Any:
+    """What torch.compile traces in place of a dropout: the identity in inference."""
+    training = kwargs.get("training", args[2] if len(args) > 2 else compiled.default)
+    tensor: Any = kwargs.get("input", args[0] if args else None)
+    inference = not compiled.torch.is_grad_enabled()
+    if not (training and inference and tensor.device.type in compiled.devices):
+        return compiled.original(*args, **kwargs)
+    compiled.comptime(compiled.report)
+    return tensor if compiled.fix else compiled.original(*args, **kwargs)
+
+
+def _interpolate_traced(*args: Any, **kwargs: Any) -> Any:
+    """What torch.compile traces in place of interpolate: bicubic on the CPU."""
+    tensor: Any = kwargs.get("input", args[0] if args else None)
+    mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
+    scale = kwargs.get("scale_factor", args[2] if len(args) > 2 else None)
+    if mode != "bicubic" or scale is None or tensor.device.type not in compiled.devices:
+        return compiled.original(*args, **kwargs)
+    compiled.comptime(compiled.report)
+    if not compiled.fix:
+        return compiled.original(*args, **kwargs)
+    if "input" in kwargs:
+        return compiled.original(*args, **{**kwargs, "input": tensor.cpu()}).to(tensor.device)
+    return compiled.original(tensor.cpu(), *args[1:], **kwargs).to(tensor.device)
 
 
 def _training_default(function: Callable[..., Any]) -> Any:
