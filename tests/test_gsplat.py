@@ -91,11 +91,12 @@ def test_unguarded_grad_is_none_even_with_retain_grad_on_a_derived_tensor(packed
 def test_guarded_grad_matches_finite_differences(guard, packed):
     with capture_events() as events:
         image, _, meta = render(packed, offset=None, scene={"dtype": torch.float64})
-    means2d = meta["means2d"]
-    assert means2d.shape == ((meta["gaussian_ids"].shape[0], 2) if packed else (1, 24, 2))
-    loss_of(image).backward()
+        means2d = meta["means2d"]
+        assert means2d.shape == ((meta["gaussian_ids"].shape[0], 2) if packed else (1, 24, 2))
+        loss_of(image).backward()
     assert means2d.grad is not None and means2d.grad.shape == means2d.shape
-    assert events[0]["action"] == "retain_grad" and events[0]["shape"] == list(means2d.shape)
+    [event] = events  # logged in backward(), where the loss of the gradient is known
+    assert event["action"] == "retain_grad" and event["shape"] == list(means2d.shape)
     flat_grad = means2d.grad.reshape(-1)
     visible = torch.nonzero(flat_grad.abs() > 1e-3).flatten()[:4]
     assert len(visible) >= 2
@@ -175,8 +176,68 @@ def test_observe_logs_only():
     autograd_guard.install({"extends": "default", "mode": "observe"})
     with capture_events() as events:
         image, _, meta = render()
-    loss_of(image).backward()
-    assert not meta["means2d"].retains_grad and events[0]["mode"] == "observe"
+        loss_of(image).backward()
+    assert meta["means2d"].grad is None and events[0]["mode"] == "observe"
+
+
+def test_the_kept_gradient_equals_retain_grads_and_accumulates_like_it(guard):
+    with capture_events() as events:
+        image, _, meta = render()
+        loss = loss_of(image)
+        loss.backward(retain_graph=True)
+        kept = meta["means2d"].grad.clone()
+        loss.backward()
+        twice = meta["means2d"].grad.clone()
+    autograd_guard.uninstall()
+    image, _, meta = render()
+    meta["means2d"].retain_grad()
+    loss = loss_of(image)
+    loss.backward(retain_graph=True)
+    torch.testing.assert_close(kept, meta["means2d"].grad)
+    loss.backward()
+    torch.testing.assert_close(twice, meta["means2d"].grad)
+    assert [e["action"] for e in events] == ["retain_grad"]
+
+
+def fit(steps, retain):
+    """A small 3DGS fit with gsplat's DefaultStrategy; ``retain``: the user's code calls
+    strategy.step_pre_backward, as gsplat's own trainer does."""
+    strategy = gsplat.DefaultStrategy(refine_start_iter=10_000, verbose=False)
+    state = strategy.initialize_state()
+    data = scene()
+    params = torch.nn.ParameterDict(
+        {
+            k: torch.nn.Parameter(data[k].detach())
+            for k in ("means", "quats", "scales", "opacities", "colors")
+        }
+    )
+    optimizers = {k: torch.optim.Adam([p], lr=1e-3) for k, p in params.items()}
+    for step in range(steps):
+        image, _, meta = gsplat.rasterization(**{**data, **params}, packed=False)
+        if retain:
+            strategy.step_pre_backward(params, optimizers, state, step, meta)
+        loss_of(image).backward()
+        strategy.step_post_backward(params, optimizers, state, step, meta, packed=False)
+        for optimizer in optimizers.values():
+            optimizer.step()
+            optimizer.zero_grad()
+    return state
+
+
+@pytest.mark.parametrize("mode", ["fix", "strict", "observe"])
+def test_a_correct_default_strategy_fit_logs_nothing(mode):
+    autograd_guard.install({"extends": "default", "mode": mode})
+    with capture_events() as events:
+        state = fit(30, retain=True)
+    assert state["count"].sum() > 0 and events == []
+
+
+def test_a_fit_that_forgets_step_pre_backward_logs_once_and_densifies(guard):
+    with capture_events() as events:
+        state = fit(30, retain=False)
+    assert state["grad2d"].sum() > 0
+    [event] = events
+    assert event["action"] == "retain_grad" and event["mode"] == "fix"
 
 
 def test_strict_raises_only_where_the_gradient_is_lost():

@@ -9,10 +9,12 @@ fails with "'NoneType' object has no attribute 'clone'". Densification then runs
 gradient at all.
 Affected: every gsplat version whose ``rasterization`` returns ``meta`` (1.0.0 on).
 Upstream: nerfstudio-project/gsplat#467.
-Remedy: ``fix`` calls ``retain_grad()`` on ``meta["means2d"]`` right after the call
-(with ``absgrad=True`` the backward also sets ``.absgrad``); ``observe`` logs;
-``strict`` raises from ``backward()`` where the gradient would really be lost, so code
-that retains it itself passes.
+Remedy: a hook on ``meta["means2d"]`` decides in ``backward()``, where it is known
+whether the user's code retained the gradient (``strategy.step_pre_backward`` does):
+correct code is left alone and logs nothing. Where the gradient would be lost, ``fix``
+keeps it in ``.grad`` exactly as ``retain_grad()`` would (with ``absgrad=True`` gsplat's
+backward sets ``.absgrad`` itself), ``observe`` logs, ``strict`` raises from
+``backward()``.
 """
 
 from __future__ import annotations
@@ -48,29 +50,38 @@ class GsplatMeans2d(Guard):
         # Not differentiable (with_ut / with_eval3d, gsplat#726): nothing to keep.
         if means2d is None or not means2d.requires_grad or means2d.is_leaf:
             return result
-        shape = list(means2d.shape)
-        if self.mode == "strict":
-            import weakref
+        import weakref
 
-            tensor, callsite = weakref.ref(means2d), call.callsite
-            means2d.register_hook(lambda grad: self._lost(tensor(), callsite, shape))
-        elif self.intervene(
-            call, "retain_grad", "meta['means2d'] gradient kept with retain_grad()", shape=shape
-        ):
-            means2d.retain_grad()
+        # Decided in backward(), where it is known whether the user's own code (such as
+        # strategy.step_pre_backward) retained the gradient: correct code logs nothing.
+        tensor, callsite = weakref.ref(means2d), call.callsite
+        means2d.register_hook(lambda grad: self._in_backward(tensor(), grad, callsite))
         return result
 
-    def _lost(self, means2d: Any, callsite: str, shape: list[int]) -> None:
-        # Runs inside backward(): the user's own retain_grad() was in time, or not.
+    def _in_backward(self, means2d: Any, grad: Any, callsite: str) -> None:
+        # retain_grad()'s own hook always runs after this one (torch >= 2.0), so the
+        # flag says whether the user's code retained the gradient before backward().
         if means2d is None or means2d.retains_grad:
             return
-        self.refuse(
-            "meta['means2d'] gradient lost in backward(): retain_grad() was not called on it",
-            action="retain_grad",
-            callsite=callsite,
-            target="gsplat.rendering:rasterization",
-            shape=shape,
+        fields: dict[str, Any] = {
+            "action": "retain_grad",
+            "callsite": callsite,
+            "target": "gsplat.rendering:rasterization",
+            "shape": list(means2d.shape),
+        }
+        if self.mode == "strict":
+            self.refuse(
+                "meta['means2d'] gradient lost in backward(): retain_grad() was not called on it",
+                **fields,
+            )
+        fixed = self.mode == "fix"
+        self.emit(
+            "meta['means2d'] gradient would be lost in backward() (retain_grad() was not "
+            "called on it)" + ("; kept in .grad as retain_grad() would" if fixed else ""),
+            **fields,
         )
+        if fixed:  # what retain_grad() does: the first gradient, then the sum of them
+            means2d.grad = grad.detach().clone() if means2d.grad is None else means2d.grad + grad
 
 
 GUARD = GsplatMeans2d
