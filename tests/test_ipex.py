@@ -260,3 +260,33 @@ def test_strict_raises_at_the_first_risky_call(ipex):
     with torch.no_grad(), pytest.raises(autograd_guard.GuardError) as info:
         ViTEmbeddings()(IMAGE)
     assert "model.eval()" in str(info.value) and "2.1.30" in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["fix", "strict"])
+def test_correct_inference_code_is_silent(ipex, mode):
+    """alpha_dropout and feature_alpha_dropout default to training=False; eval-mode
+    dropout and bilinear interpolation need nothing either."""
+    ipex("2.1.10+xpu")
+    autograd_guard.install({**on_cpu(), "mode": mode})
+    import intel_extension_for_pytorch  # noqa: F401
+
+    x = torch.rand(2, 4, 6, 6)
+    model = torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.AlphaDropout(0.5)).eval()
+    with capture_events() as events, torch.no_grad():
+        assert torch.equal(F.alpha_dropout(x, 0.5), x)
+        assert torch.equal(F.feature_alpha_dropout(x, p=0.5), x)
+        assert torch.equal(F.dropout(x, 0.5, False), x)
+        F.interpolate(x, scale_factor=2, mode="bilinear")
+        assert torch.equal(model(x), x)
+    assert events == []
+
+
+def test_alpha_dropout_asked_to_train_in_inference_is_fixed(ipex):
+    ipex("2.1.10+xpu")
+    autograd_guard.install(on_cpu())
+    import intel_extension_for_pytorch  # noqa: F401
+
+    x = torch.rand(1000)
+    with capture_events() as events, torch.no_grad():
+        assert torch.equal(F.alpha_dropout(x, 0.5, True), x)
+    assert [e["action"] for e in events] == ["dropout_identity"]

@@ -90,7 +90,10 @@ class IpexXpu(Guard):
             return self._bicubic_check
         if target.qualname.endswith(".forward"):
             return self._forward_check
-        return self._dropout_check
+        # alpha_dropout and feature_alpha_dropout default to training=False
+        default = _training_default(getattr(sys.modules[target.module], target.qualname))
+        check = self._dropout_check
+        return lambda instance, args, kwargs: check(instance, args, kwargs, default)
 
     def _on_device(self, tensor: Any) -> bool:
         device = getattr(tensor, "device", None)
@@ -120,8 +123,10 @@ class IpexXpu(Guard):
 
     # -- dropout ---------------------------------------------------------------------
 
-    def _dropout_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        training = kwargs.get("training", args[2] if len(args) > 2 else True)
+    def _dropout_check(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], default: bool
+    ) -> bool:
+        training = kwargs.get("training", args[2] if len(args) > 2 else default)
         if not training:
             return False
         torch = sys.modules["torch"]
