@@ -192,3 +192,14 @@ def test_the_guarded_function_pickles_copies_and_cloudpickles_as_the_original(gu
     assert pickle.loads(cloudpickle.dumps(guarded)) is guarded
     assert copy.copy(guarded) is guarded and copy.deepcopy(guarded) is guarded
     assert copy.deepcopy({"smooth": mesh_filtering.taubin_smoothing})["smooth"] is guarded
+
+
+@pytest.mark.parametrize("mode", ["fix", "strict"])
+def test_calls_that_pytorch3d_handles_itself_are_silent(mode):
+    """No grad and float32: PyTorch3D's own path works, and the guard stays out of it."""
+    autograd_guard.install({"mode": mode})
+    with capture_events() as events:
+        pytorch3d.ops.taubin_smoothing(ico_sphere(2))
+        with torch.no_grad():
+            pytorch3d.ops.taubin_smoothing(ico_sphere(2).offset_verts(torch.zeros(162, 3)))
+    assert [e for e in events if e["action"] != "late_patch"] == []

@@ -46,6 +46,7 @@ def test_version_check_catches_a_torch_inplace_op(ops):
         ops.scale(x, 2.0)
     [event] = events
     assert event["action"] == "input_modified" and event["restored"] is False
+    assert 'set check = "data" on this rule to restore' in event["event"]
     assert event["changes"] == [
         {"argument": "x", "shape": [3], "dtype": "torch.float32", "max_abs_change": None}
     ]

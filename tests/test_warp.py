@@ -90,9 +90,9 @@ def warp_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("warp-kernel-cache"))
 
 
-def run(version, policy, tmp_path, warp_cache):
+def run(version, policy, tmp_path, warp_cache, script=None):
     folder = thirdparty.install(f"warp-{version}")
-    (tmp_path / "repro.py").write_text(SCRIPT)
+    (tmp_path / "repro.py").write_text(script or SCRIPT)
     code = "import runpy, sys; runpy.run_path('repro.py', run_name='__main__')"
     out = run_python(
         sys.executable,
@@ -162,3 +162,40 @@ def test_bridge_grads_fills_the_analytic_gradient(tmp_path, warp_cache, version)
     assert result["x"] == [1.0, 1.0, 1.0]
     [bridge] = [e for e in result["events"] if e["action"] == "bridge_grads"]
     assert bridge["arguments"] == ["x"]
+
+
+# Correct code: Warp arrays under a tape, torch tensors without one, wp.from_torch by hand.
+CORRECT = """
+import json, os, torch
+import autograd_guard
+from autograd_guard.testing import capture_events
+autograd_guard.install(json.loads(os.environ["TEST_POLICY"]))
+import warp as wp
+wp.config.quiet = True
+wp.init()
+
+@wp.kernel
+def k(x: wp.array(dtype=wp.vec3), y: wp.array(dtype=wp.vec3), z: wp.array(dtype=wp.vec3)):
+    i = wp.tid(); z[i] = x[i] + y[i]
+
+with capture_events() as events:
+    x = torch.ones((10, 3)); y = torch.ones((10, 3)); z = torch.zeros((10, 3))
+    wp_x = wp.from_torch(x, dtype=wp.vec3, requires_grad=True)
+    wp_y = wp.from_torch(y, dtype=wp.vec3, requires_grad=True)
+    wp_z = wp.from_torch(z, dtype=wp.vec3, requires_grad=True)
+    tape = wp.Tape()
+    with tape:
+        wp.launch(k, dim=10, inputs=[wp_x, wp_y], outputs=[wp_z], device="cpu")
+    tape.backward(grads={wp_z: wp.ones_like(wp_z)})
+    wp.launch(k, dim=10, inputs=[x, y], outputs=[z], device="cpu")  # no tape: nothing to fear
+print(json.dumps({"x": x[0].tolist(), "z": z[0].tolist(), "events": events}, default=str))
+"""
+
+
+@pytest.mark.parametrize("version", [AFFECTED, NEWEST])
+@pytest.mark.parametrize("mode", ["fix", "strict"])
+def test_correct_warp_code_is_silent(tmp_path, warp_cache, version, mode):
+    policy = {"mode": mode, "guards": {"warp_torch_args": {"bridge_grads": True}}}
+    result = run(version, policy, tmp_path, warp_cache, script=CORRECT)
+    assert result["x"] == [1.0, 1.0, 1.0] and result["z"] == [2.0, 2.0, 2.0]
+    assert result["events"] == []

@@ -94,7 +94,7 @@ class SnapshotInputs(Guard):
             for (key, t), v in zip(watched, versions, strict=True)
             if t._version != v
         ]
-        self._report(call, changed, restored=False)
+        self._report(call, changed, restored=False, unrestorable=True)
         if self.mode == "fix":
             self._rules[call.target]["check"] = "data"  # so that later calls can be restored
 
@@ -124,11 +124,17 @@ class SnapshotInputs(Guard):
             self._report(call, [c.describe() for c in changes], restored=restore)
         return result
 
-    def _report(self, call: Call, changes: list[dict[str, Any]], restored: bool) -> None:
+    def _report(
+        self, call: Call, changes: list[dict[str, Any]], restored: bool, unrestorable: bool = False
+    ) -> None:
         names = [c["argument"] for c in changes]
         event = f"{call.target} modified its inputs {names} in place" + (
             "; restored" if restored else ""
         )
+        if unrestorable:  # only version counters were compared: no copy to restore from
+            event += '; not restored: set check = "data" on this rule to restore such writes' + (
+                " (done for its later calls)" if self.mode == "fix" else ""
+            )
         if self.mode == "strict":
             self.refuse(
                 event,
