@@ -99,6 +99,37 @@ def remove_listener(listener: Listener) -> None:
             _listeners.remove(listener)
 
 
+# Events that report no intervention: setup notes, the guard's own errors, the summary.
+NOT_INTERVENTIONS = frozenset(
+    {
+        "guard_error",
+        "load_error",
+        "bad_target",
+        "late_patch",
+        "disabled",
+        "over_byte_limit",
+        "copy_back",
+        "compiled_unguarded",
+        "scripted_unguarded",
+        "summary",
+    }
+)
+
+_process: tuple[int, str] | None = None
+
+
+def process_id() -> str:
+    """Tells processes apart in a shared log even where PIDs repeat (containers, PID
+    namespaces): the PID and the process's first-event time, made anew after a fork."""
+    global _process
+    pid = os.getpid()
+    if _process is None or _process[0] != pid:
+        import time
+
+        _process = (pid, f"{pid}-{time.time_ns():x}")
+    return _process[1]
+
+
 def emit(
     event: str, *, guard: str, action: str, callsite: str, level: str = "warning", **fields: Any
 ) -> bool:
@@ -120,6 +151,7 @@ def emit(
         "callsite": callsite,
         "level": level,
         "pid": os.getpid(),
+        "process": process_id(),
     }
     rank = os.environ.get("RANK")
     if rank is not None:
@@ -177,11 +209,23 @@ def _new_logger() -> Any:
 
 
 def _describe_arrays(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
-    """Replace any tensor or array that slipped into an event by its shape and dtype."""
+    """Replace any tensor or array that slipped into an event, at any depth, by its shape
+    and dtype: no tensor data ever reaches a log."""
     for key, value in event_dict.items():
-        if hasattr(value, "shape") and hasattr(value, "dtype"):
-            event_dict[key] = f"<{type(value).__name__} shape={tuple(value.shape)} {value.dtype}>"
+        event_dict[key] = _without_arrays(value, 0)
     return event_dict
+
+
+def _without_arrays(value: Any, depth: int) -> Any:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"<{type(value).__name__} shape={tuple(value.shape)} {value.dtype}>"
+    if depth >= 8:
+        return value if isinstance(value, (str, int, float, bool, type(None))) else "<...>"
+    if isinstance(value, dict):
+        return {k: _without_arrays(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_without_arrays(v, depth + 1) for v in value]
+    return value
 
 
 _LINE_KEYS = ("event", "guard", "action", "callsite", "remedy", "level", "timestamp")
@@ -293,16 +337,33 @@ def _summary_at_exit() -> None:
     rows = summary()
     if not rows:
         return
-    total = sum(r["count"] for r in rows)
     try:
         logger = _logger or _make_logger()
         logger.info(
-            event=f"summary: {total} interventions at {len(rows)} call sites",
+            event=f"summary: {describe_counts(rows)}",
             guard="autograd_guard",
             action="summary",
             callsite="-",
             pid=os.getpid(),
+            process=process_id(),
             sites=[f"{r['guard']}/{r['action']} at {r['callsite']} x{r['count']}" for r in rows],
         )
     except Exception:
         pass
+
+
+def describe_counts(rows: list[dict[str, Any]]) -> str:
+    """"3 interventions at 2 call sites; 1 other event" (errors and notes apart)."""
+    done = [r for r in rows if r["action"] not in NOT_INTERVENTIONS]
+    other = sum(r["count"] for r in rows if r["action"] in NOT_INTERVENTIONS)
+    text = (
+        f"{plural(sum(r['count'] for r in done), 'intervention')} at "
+        f"{plural(len({(r['guard'], r['callsite']) for r in done}), 'call site')}"
+    )
+    return text + (f"; {plural(other, 'other event')} (notes and errors)" if other else "")
+
+
+def plural(count: int, noun: str) -> str:
+    if count == 1:
+        return f"{count} {noun}"
+    return f"{count} {noun}es" if noun.endswith("s") else f"{count} {noun}s"

@@ -173,9 +173,9 @@ def find_callsite(*libraries: str) -> str:
         if not filename.startswith(_OWN_DIRS):
             package = frame.f_globals.get("__name__", "").partition(".")[0]
             if package not in libraries:
-                return f"{filename}:{frame.f_lineno}"
+                return f"{os.path.normpath(filename)}:{frame.f_lineno}"
             if fallback is None:
-                fallback = f"{filename}:{frame.f_lineno}"
+                fallback = f"{os.path.normpath(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return fallback or "<unknown>"
 

@@ -11,7 +11,7 @@ import sysconfig
 from collections import Counter
 from pathlib import Path
 
-from autograd_guard import _bootstrap, _policy, _versions
+from autograd_guard import _bootstrap, _events, _policy, _versions
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
 
@@ -192,43 +192,57 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def report_log(args: argparse.Namespace) -> int:
-    """Counts per guard and call site: a process's exit summary has the exact repeat
-    counts; a process that died before its summary counts each logged event once."""
-    logged: dict[object, Counter[tuple[str, str, str]]] = {}
-    summarised: dict[object, Counter[tuple[str, str, str]]] = {}
-    events: dict[tuple[str, str, str], str] = {}
-    bad = 0
+    """Counts per guard and call site, across the processes that shared the log. A
+    process's exit summary holds its exact repeat counts; an event logged after the
+    summary, or by a process that died before it, counts once."""
     try:
         lines = Path(args.file).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError as exc:
         print(f"cannot read {args.file}: {exc.strerror}", file=sys.stderr)
         return 1
-    for line in lines:
-        try:
-            record = json.loads(line)
-            key = (record["guard"], record["action"], record["callsite"])
-            pid = record.get("pid")
-        except (ValueError, KeyError, TypeError):
-            bad += 1
-            continue
-        if record["action"] == "summary":
-            summarised[pid] = Counter(dict(_parse_site(s) for s in record.get("sites", [])))
-        else:
-            logged.setdefault(pid, Counter())[key] += 1
-            events.setdefault(key, record.get("event", ""))
-    counts: Counter[tuple[str, str, str]] = Counter()
-    for pid in {*logged, *summarised}:
-        counts.update(summarised.get(pid) or logged[pid])
-    processes = len({*logged, *summarised})
+    counts, events, processes, bad = _count_log(lines)
+    rows = [
+        {"guard": k[0], "action": k[1], "callsite": k[2], "count": n} for k, n in counts.items()
+    ]
     print(
-        f"{sum(counts.values())} interventions at {len(counts)} call sites "
-        f"in {processes} processes" + (f"; {bad} unreadable lines" if bad else "")
+        f"{_events.describe_counts(rows)} in {_events.plural(processes, 'process')}"
+        + (f"; {bad} unreadable lines" if bad else "")
     )
     for guard in sorted({k[0] for k in counts}):
         print(f"{guard}:")
         for key in sorted(k for k in counts if k[0] == guard):
             print(f"  {counts[key]:>7}x  {key[1]:<14} {key[2]}  {events.get(key, '')}")
     return 0
+
+
+Key = tuple[str, str, str]
+
+
+def _count_log(lines: list[str]) -> tuple[Counter[Key], dict[Key, str], int, int]:
+    logged: dict[object, Counter[Key]] = {}
+    summarised: dict[object, Counter[Key]] = {}
+    events: dict[Key, str] = {}
+    bad = 0
+    for line in lines:
+        try:
+            record = json.loads(line)
+            key = (record["guard"], record["action"], record["callsite"])
+            process = record.get("process") or record.get("pid")  # older logs: pid only
+        except (ValueError, KeyError, TypeError, AttributeError):
+            bad += 1
+            continue
+        if record["action"] == "summary":
+            summary = summarised.setdefault(process, Counter())
+            summary.update(dict(_parse_site(s) for s in record.get("sites", [])))
+        else:
+            logged.setdefault(process, Counter())[key] += 1
+            events.setdefault(key, record.get("event", ""))
+    counts: Counter[Key] = Counter()
+    for process in {*logged, *summarised}:
+        own, summary = logged.get(process, Counter()), summarised.get(process, Counter())
+        for key in {*own, *summary}:
+            counts[key] += max(own[key], summary[key])
+    return counts, events, len({*logged, *summarised}), bad
 
 
 def _parse_site(line: str) -> tuple[tuple[str, str, str], int]:

@@ -53,7 +53,7 @@ def test_stage_is_guarded_when_set(guard_python, project):
     assert guarded.stdout.startswith("loss ")
     assert "[grad_mode/enable_grad] stage entered with grad disabled" in guarded.stderr
     assert "<string>:6" in guarded.stderr  # the line of the call in CALL_STAGE
-    assert "summary: 1 interventions at 1 call sites" in guarded.stderr
+    assert "summary: 1 intervention at 1 call site" in guarded.stderr
 
 
 def test_target_imported_before_the_guard_starts(guard_python, project):

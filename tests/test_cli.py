@@ -68,8 +68,53 @@ def test_report(tmp_path, capsys):
     log.write_text("\n".join(json.dumps(r) for r in records) + "\nnot json\n")
     assert cli.main(["report", str(log)]) == 0
     out = capsys.readouterr().out
-    assert "41 interventions at 1 call sites in 2 processes; 1 unreadable lines" in out
+    assert "41 interventions at 1 call site in 2 processes; 1 unreadable lines" in out
     assert "41x  enable_grad    a.py:1" in out
+
+
+def _event(process, action="enable_grad", callsite="a.py:1", guard="grad_mode"):
+    return {"guard": guard, "action": action, "callsite": callsite, "pid": 7, "process": process}
+
+
+def _summary(process, *sites):
+    return {
+        "guard": "autograd_guard",
+        "action": "summary",
+        "callsite": "-",
+        "pid": 7,
+        "process": process,
+        "sites": list(sites),
+    }
+
+
+def test_report_tells_apart_processes_that_share_a_pid(tmp_path, capsys):
+    log = tmp_path / "events.jsonl"
+    records = [
+        _event("7-a"),
+        _summary("7-a", "grad_mode/enable_grad at a.py:1 x3"),
+        _event("7-b"),  # another container, the same PID
+        _summary("7-b", "grad_mode/enable_grad at a.py:1 x5"),
+        _event("7-b", callsite="b.py:2"),  # logged by an atexit handler after the summary
+        _event("7-b", action="late_patch", callsite="x:f", guard="gsplat_means2d"),
+        _event("7-b", action="guard_error", callsite="check:KeyError"),
+    ]
+    log.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    assert cli.main(["report", str(log)]) == 0
+    out = capsys.readouterr().out
+    first = "9 interventions at 2 call sites; 2 other events (notes and errors) in 2 processes"
+    assert out.splitlines()[0] == first
+    assert "8x  enable_grad    a.py:1" in out and "1x  enable_grad    b.py:2" in out
+
+
+def test_summary_words(capsys):
+    from autograd_guard import _events
+
+    one = [{"guard": "g", "action": "a", "callsite": "c", "count": 1}]
+    assert _events.describe_counts(one) == "1 intervention at 1 call site"
+    note = [{"guard": "g", "action": "late_patch", "callsite": "c", "count": 1}]
+    assert _events.describe_counts(one + note) == (
+        "1 intervention at 1 call site; 1 other event (notes and errors)"
+    )
 
 
 def test_run_needs_a_command(capsys):
