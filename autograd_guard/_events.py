@@ -353,7 +353,7 @@ def _summary_at_exit() -> None:
 
 
 def describe_counts(rows: list[dict[str, Any]]) -> str:
-    """"3 interventions at 2 call sites; 1 other event" (errors and notes apart)."""
+    """ "3 interventions at 2 call sites; 1 other event" (errors and notes apart)."""
     done = [r for r in rows if r["action"] not in NOT_INTERVENTIONS]
     other = sum(r["count"] for r in rows if r["action"] in NOT_INTERVENTIONS)
     text = (

@@ -110,12 +110,21 @@ class GuardSettings:
 class Rule:
     """A user rule: ``action`` applies to the callable at ``target`` (``module:qualname``)."""
 
-    __slots__ = ("action", "options", "target")
+    __slots__ = ("action", "key", "options", "origin", "target")
 
-    def __init__(self, target: str, action: str, options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        target: str,
+        action: str,
+        options: dict[str, Any],
+        origin: str = "<dict>",
+        key: str = "rules",
+    ) -> None:
         self.target = target
         self.action = action
         self.options = options
+        self.origin = origin  # the policy file (or preset) that holds the rule
+        self.key = key  # "rules[3]" in that file
 
     @property
     def module(self) -> str:
@@ -520,7 +529,7 @@ def _parse_rules(source: str, rules: Any, guards: list[type[Guard]]) -> list[Rul
         for option, value in rule.items():
             if option not in RULE_KEYS:
                 options[option] = guard.rule_options[option].check(source, f"{key}.{option}", value)
-        parsed.append(Rule(str(target), action, options))
+        parsed.append(Rule(str(target), action, options, source, key))
     return parsed
 
 

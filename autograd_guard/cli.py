@@ -1,4 +1,4 @@
-"""The ``autograd-guard`` command: doctor, check, init, run, report."""
+"""The autograd-guard command: doctor, check, init, run, report."""
 
 from __future__ import annotations
 
@@ -50,18 +50,38 @@ mode = "fix"
 """
 
 
+DESCRIPTION = "autograd-guard: keeps gradients correct in differentiable 3D pipelines."
+
+COMMANDS = {
+    "doctor": "Show what would be guarded here and why: Python and torch, whether the .pth "
+    "auto-load is installed and active, the environment, the policy in force and where it "
+    "came from, and each guard's target version, verdict and mode.",
+    "check": "Validate a policy file (default: the one in force here): every key and value, "
+    "that each rule's target module can be found (without importing it), and that the log "
+    "destination can be written. Exit status 1 names the file, the key and what is allowed.",
+    "init": "Write a commented starter policy to ./autograd_guard.toml (in the current "
+    "directory; --force overwrites an existing one).",
+    "run": "Run a command with the guard on where .pth files are not processed: "
+    "autograd-guard run -- CMD ARGS.",
+    "report": "Summarise a JSON-lines event log (AUTOGRAD_GUARD_LOG=FILE): interventions per "
+    "guard and call site, across every process that wrote to it.",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="autograd-guard", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("doctor", help="show what would be guarded here, and why")
-    check = commands.add_parser("check", help="validate a policy file")
-    check.add_argument("file", nargs="?", help="policy file (default: the one in force here)")
-    init = commands.add_parser("init", help="write a commented starter autograd_guard.toml")
-    init.add_argument("--force", action="store_true", help="overwrite an existing file")
-    run = commands.add_parser("run", help="run a command with the guard on: run -- CMD ARGS")
-    run.add_argument("cmd", nargs=argparse.REMAINDER)
-    report = commands.add_parser("report", help="summarise a JSON-lines event log")
-    report.add_argument("file")
+    from autograd_guard import __version__
+
+    parser = argparse.ArgumentParser(prog="autograd-guard", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"autograd-guard {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = {
+        name: commands.add_parser(name, help=text.split(":")[0], description=text)
+        for name, text in COMMANDS.items()
+    }
+    sub["check"].add_argument("file", nargs="?", help="policy file (default: the one in force)")
+    sub["init"].add_argument("--force", action="store_true", help="overwrite an existing file")
+    sub["run"].add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS")
+    sub["report"].add_argument("file", help="a JSON-lines event log")
     args = parser.parse_args(argv)
     handler = {
         "doctor": doctor,
@@ -70,7 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         "run": run_command,
         "report": report_log,
     }[args.command]
-    return handler(args)
+    try:
+        return handler(args)
+    except BrokenPipeError:  # `autograd-guard doctor | head`: the reader left early
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the exit flush cannot fail again
+        return 0
 
 
 def doctor(_: argparse.Namespace) -> int:
@@ -157,8 +182,54 @@ def check_policy(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"invalid policy: {exc}", file=sys.stderr)
         return 1
+    problems, notes = _unreachable(policy)
+    for note in notes:
+        print(f"note: {note}")
+    if problems:
+        for problem in problems:
+            print(f"invalid policy: {problem}", file=sys.stderr)
+        return 1
     print(f"ok: {policy.source} (mode {policy.env_mode or policy.mode}, {len(policy.rules)} rules)")
     return 0
+
+
+def _unreachable(policy: _policy.Policy) -> tuple[list[str], list[str]]:
+    """Rules whose top-level module cannot be found, and a log that cannot be written.
+
+    Found with ``find_spec`` on the top-level name, which imports nothing. A rule of a
+    shipped preset (Unique3D's stages) only earns a note where the program is not there.
+    """
+    import importlib.machinery
+    import importlib.util
+
+    problems: list[str] = []
+    notes: list[str] = []
+    search = [os.getcwd(), *sys.path]  # the program runs from here, not from this script
+    for rule in policy.rules:
+        top = rule.module.partition(".")[0]
+        if importlib.util.find_spec(top) or importlib.machinery.PathFinder.find_spec(top, search):
+            continue
+        text = (
+            f"{rule.origin}: {rule.key}.target: no module {top!r} can be found here "
+            f"for {rule.target!r}"
+        )
+        (notes if rule.origin.startswith("preset ") else problems).append(text)
+    log = policy.log
+    if log and log not in ("stderr", "logging"):
+        folder = os.path.dirname(os.path.abspath(log)) or "."
+        where = f"{policy.log_source}: {log!r}"
+        if not os.path.isdir(folder):
+            problems.append(
+                f"{where}: the folder {folder!r} does not exist "
+                "(allowed: stderr, logging, or a file path in an existing folder)"
+            )
+        elif os.path.exists(log) and not os.path.isfile(log):
+            problems.append(
+                f"{where}: not a regular file (allowed: stderr, logging, or a file path)"
+            )
+        elif not os.access(log if os.path.exists(log) else folder, os.W_OK):
+            problems.append(f"{where}: not writable (allowed: a writable file path)")
+    return problems, notes
 
 
 def init_policy(args: argparse.Namespace) -> int:

@@ -160,3 +160,61 @@ def test_pytest_warns_when_the_variable_is_set_but_the_pth_did_not_run(pytester,
     )
     assert result.ret == 0
     assert "AUTOGRAD_GUARD is set but autograd_guard.pth was not processed" in result.stderr.str()
+
+
+def test_check_names_a_rule_whose_module_is_missing_without_importing(tmp_path, capsys):
+    (tmp_path / "present.py").write_text("raise SystemExit('imported!')\n")
+    policy = tmp_path / "autograd_guard.toml"
+    policy.write_text(
+        '[[rules]]\ntarget = "present:run"\naction = "enable_grad"\n'
+        '[[rules]]\ntarget = "my_pipline.stages:fit"\naction = "enable_grad"\n'
+    )
+    assert cli.main(["check"]) == 1
+    err = capsys.readouterr().err
+    assert f"{policy}: rules[1].target: no module 'my_pipline' can be found here" in err
+    assert "present" not in sys.modules and "rules[0]" not in err
+
+
+def test_check_names_a_log_path_that_cannot_be_written(tmp_path, capsys):
+    (tmp_path / "autograd_guard.toml").write_text('log = "no/such/folder/events.jsonl"\n')
+    assert cli.main(["check"]) == 1
+    err = capsys.readouterr().err
+    assert "the 'log' key of" in err and "does not exist" in err
+    (tmp_path / "autograd_guard.toml").write_text('log = "events.jsonl"\n')
+    assert cli.main(["check"]) == 0
+
+
+def test_version_and_help(capsys):
+    from autograd_guard import __version__
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out == f"autograd-guard {__version__}\n"
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    top = capsys.readouterr().out
+    assert "``" not in top and "doctor" in top and "report" in top
+    for command, words in (
+        ("doctor", "policy in force"),
+        ("check", "without importing"),
+        ("init", "./autograd_guard.toml"),
+        ("run", "where .pth files are not processed"),
+        ("report", "JSON-lines event log"),
+    ):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        assert words in " ".join(capsys.readouterr().out.split()), command
+
+
+def test_doctor_into_a_closed_pipe_ends_quietly(tmp_path):
+    import subprocess
+
+    # `true` leaves before the first line is written, as `head` does after its lines.
+    result = subprocess.run(
+        f"{sys.executable} -m autograd_guard.cli doctor | true",
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.stderr == ""
