@@ -7,6 +7,7 @@ import os
 import sys
 
 from autograd_guard import _events, _importer, _patching, _policy, _versions
+from autograd_guard._guard import describe_error
 from autograd_guard.errors import GuardError, PolicyError
 
 TYPE_CHECKING = False
@@ -70,7 +71,7 @@ def _start(guard_class: type[Guard], policy: Policy) -> None:
             action="guard_error",
             callsite="start",
             level="error",
-            error=repr(exc)[:500],
+            error=describe_error(exc),
         )
         return
     _guards.append(guard)

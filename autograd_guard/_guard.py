@@ -57,7 +57,7 @@ class Target:
     library that changes another library's behaviour, such as IPEX and torch).
     """
 
-    __slots__ = ("after", "aliases", "module", "qualname", "skip")
+    __slots__ = ("after", "aliases", "module", "qualname", "rule", "skip")
 
     def __init__(
         self,
@@ -66,12 +66,14 @@ class Target:
         aliases: Iterable[str] = (),
         after: str | None = None,
         skip: Iterable[str] = (),
+        rule: str | None = None,
     ) -> None:
         self.module = module
         self.qualname = qualname
         self.aliases = tuple(aliases)
         self.after = after
         self.skip = tuple(skip)  # more packages whose frames are not the call site
+        self.rule = rule  # "policy.toml: rules[2]" for a target that a policy rule names
 
     def __str__(self) -> str:
         return f"{self.module}:{self.qualname}"
@@ -413,11 +415,13 @@ class Guard:
         else:
             found = f"{target.qualname!r} in module {module.__name__!r} is {exc}"
         self.state = f"target {target} not patched: {found}"
+        named_by = f" (named by {target.rule})" if target.rule else ""
         self.emit(
-            f"target {target} left untouched: {found}",
+            f"target {target}{named_by} left untouched: {found}",
             action="bad_target",
             callsite=str(target),
             target=str(target),
+            rule=target.rule,
             level="error",
             remedy="fix the target's 'module:qualname' so that it names a function or method",
         )

@@ -199,6 +199,9 @@ def test_values_are_left_untouched_with_one_event_each(values):
     assert all(e["action"] == "bad_target" and e["level"] == "error" for e in events)
     [missing] = [e for e in events if e["target"] == "user_values:missing"]
     assert "module 'user_values' has no attribute 'missing'" in missing["event"]
+    assert (
+        missing["rule"] == "<dict>: rules[3]" and "(named by <dict>: rules[3])" in missing["event"]
+    )
     assert "enable_grad" not in missing["remedy"]
 
 

@@ -37,7 +37,10 @@ class GradMode(Guard):
     rule_action = "enable_grad"
 
     def watch(self) -> Iterable[Target]:
-        return [Target(rule.module, rule.qualname) for rule in self.policy.rules_for("enable_grad")]
+        return [
+            Target(rule.module, rule.qualname, rule=f"{rule.origin}: {rule.key}")
+            for rule in self.policy.rules_for("enable_grad")
+        ]
 
     def check_for(self, target: Target) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], bool]:
         # A generator or coroutine runs its body at each resume, not at the call: every

@@ -50,7 +50,9 @@ class SnapshotInputs(Guard):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._rules: dict[Target, dict[str, Any]] = {
-            Target(rule.module, rule.qualname): dict(rule.options)
+            Target(rule.module, rule.qualname, rule=f"{rule.origin}: {rule.key}"): dict(
+                rule.options
+            )
             for rule in self.policy.rules_for("snapshot")
         }
         self._parameters: dict[Target, list[str]] = {}
