@@ -7,17 +7,9 @@ autowrapt does.
 
 from __future__ import annotations
 
-import os
 import sys
 
-OFF_VALUES = frozenset({"", "0", "off", "false", "no"})
-
 _started = False
-
-
-def requested(environ: os._Environ[str] | dict[str, str] = os.environ) -> bool:
-    """True when the environment asks for the guard."""
-    return environ.get("AUTOGRAD_GUARD", "").strip().lower() not in OFF_VALUES
 
 
 def bootstrap(now: bool = False) -> None:

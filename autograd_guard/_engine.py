@@ -6,7 +6,15 @@ import _thread
 import os
 import sys
 
-from autograd_guard import _events, _importer, _patching, _policy, _versions
+from autograd_guard import (
+    _environment,
+    _events,
+    _importer,
+    _patching,
+    _policy,
+    _policy_files,
+    _versions,
+)
 from autograd_guard._guard import describe_error
 from autograd_guard.errors import GuardError, PolicyError
 
@@ -157,7 +165,7 @@ def install_from_environment(environ: Mapping[str, str] | None = None) -> None:
         if declared_mode(environ) == "strict":
             _stop_at_torch_import(exc)
             return
-        _events.configure(environ.get("AUTOGRAD_GUARD_LOG", "").strip() or None)
+        _events.configure(_environment.log(environ))
         _events.emit(
             "invalid policy; running unguarded",
             guard="autograd_guard",
@@ -190,14 +198,13 @@ def _stop_at_torch_import(error: PolicyError) -> None:
 
 def declared_mode(environ: Mapping[str, str]) -> str | None:
     """Best guess at the intended mode when the policy itself could not be loaded."""
-    value = environ.get("AUTOGRAD_GUARD", "").strip().lower()
-    if value in _policy.MODES:
-        return value
-    if environ.get("AUTOGRAD_GUARD_POLICY", "").strip() == "strict":
+    override = _environment.mode_override(environ)
+    if override is not None:
+        return override
+    if _environment.policy_name(environ) == "strict":
         return "strict"
     try:
-        description, path, is_pyproject = _policy.discover(environ, os.getcwd())
-        mode = _policy.read_toml(description, path, is_pyproject).get("mode")
+        mode = _policy_files.discover(environ, os.getcwd()).read().get("mode")
         return mode if isinstance(mode, str) else None
     except Exception:
         return None

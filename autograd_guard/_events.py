@@ -153,7 +153,9 @@ def emit(
         "pid": os.getpid(),
         "process": process_id(),
     }
-    rank = os.environ.get("RANK")
+    from autograd_guard._environment import rank as current_rank
+
+    rank = current_rank()
     if rank is not None:
         record["rank"] = rank
     record.update((k, v) for k, v in fields.items() if v is not None)

@@ -25,7 +25,7 @@ import os
 import sys
 
 from autograd_guard import _events, _patching, _versions
-from autograd_guard._policy import Option
+from autograd_guard._options import Option
 from autograd_guard.errors import GuardError
 
 TYPE_CHECKING = False

@@ -11,17 +11,10 @@ import sysconfig
 from collections import Counter
 from pathlib import Path
 
-from autograd_guard import _bootstrap, _events, _policy, _versions
+from autograd_guard import _bootstrap, _environment, _events, _policy, _policy_files, _versions
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
 
-ENVIRONMENT = (
-    "AUTOGRAD_GUARD",
-    "AUTOGRAD_GUARD_POLICY",
-    "AUTOGRAD_GUARD_DISABLE",
-    "AUTOGRAD_GUARD_LOG",
-    "AUTOGRAD_GUARD_CACHE",
-)
 PTH_NAME = "autograd_guard.pth"
 
 STARTER = """\
@@ -115,10 +108,10 @@ def doctor(_: argparse.Namespace) -> int:
         )
     print(
         f"auto-load     {'active in this process' if _bootstrap._started else 'not active'}"
-        f" (AUTOGRAD_GUARD {'requests it' if _bootstrap.requested() else 'is unset or off'})"
+        f" (AUTOGRAD_GUARD {'requests it' if _environment.requested() else 'is unset or off'})"
     )
     print("environment")
-    for name in ENVIRONMENT:
+    for name in _environment.VARIABLES:
         print(f"  {name}={os.environ[name]!r}" if name in os.environ else f"  {name} (unset)")
     guards = available()
     try:
@@ -233,7 +226,7 @@ def _unreachable(policy: _policy.Policy) -> tuple[list[str], list[str]]:
 
 
 def init_policy(args: argparse.Namespace) -> int:
-    path = Path(_policy.POLICY_FILE)
+    path = Path(_policy_files.POLICY_FILE)
     if path.exists() and not args.force:
         print(f"{path} exists; use --force to overwrite it", file=sys.stderr)
         return 1
@@ -248,7 +241,7 @@ def run_command(args: argparse.Namespace) -> int:
         print("usage: autograd-guard run -- CMD [ARGS...]", file=sys.stderr)
         return 2
     env = dict(os.environ)
-    if not _bootstrap.requested(env):
+    if not _environment.requested(env):
         env["AUTOGRAD_GUARD"] = "1"
     # Our sitecustomize starts the guard in interpreters that skip .pth files; children
     # inherit PYTHONPATH and the variable, so they are guarded too.

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
-MODES = ("observe", "fix", "strict")
+MODES = ("observe", "fix", "strict")  # "off" is not a way to run a guarded session
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,9 +30,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from autograd_guard import _bootstrap
+    from autograd_guard import _bootstrap, _environment
 
-    if _bootstrap.requested() and not _bootstrap._started:
+    if _environment.requested() and not _bootstrap._started:
         # Set, yet the .pth never ran: an installer that drops it (kvcached#470, uv#19258).
         sys.stderr.write(
             "autograd-guard: AUTOGRAD_GUARD is set but autograd_guard.pth was not processed, "
@@ -45,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
         from autograd_guard.guards import available
 
         environ = {**os.environ, "AUTOGRAD_GUARD": mode}
-        _engine.install(_policy.load(None, available(), environ=environ))
+        _engine.install(_policy.load(None, available(environ), environ=environ))
         config._autograd_guard_installed = True  # type: ignore[attr-defined]
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from autograd_guard import _policy
+from autograd_guard import _policy, _policy_files
+from autograd_guard._cache import DiskCache
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
 
@@ -48,7 +49,7 @@ def test_nearest_pyproject_without_table_means_default(tmp_path):
 
 
 def test_presets(tmp_path):
-    assert _policy.preset_names() == ["default", "observe", "strict"]
+    assert _policy_files.preset_names() == ["default", "observe", "strict"]
     strict = load("strict")
     assert strict.mode == "strict" and len(strict.rules) == 2  # extends default
     assert load("observe").mode_for("grad_mode") == "observe"
@@ -141,20 +142,20 @@ def test_policy_never_imports_what_it_names(tmp_path):
 
 
 def test_parse_cache_checks_the_bytes(tmp_path):
-    cache = _policy._ParseCache(str(tmp_path / "cache"))
+    cache = DiskCache(str(tmp_path / "cache"))
     file = tmp_path / "p.toml"
     cache.put(str(file), b'mode = "fix"\n', {"mode": "fix"})
-    fresh = _policy._ParseCache(str(tmp_path / "cache"))  # read back from disk
+    fresh = DiskCache(str(tmp_path / "cache"))  # read back from disk
     assert fresh.get(str(file), b'mode = "fix"\n') == {"mode": "fix"}
     assert fresh.get(str(file), b'mode = "strict"\n') is None  # edited file: parse again
     (tmp_path / "cache" / "policies.marshal").write_bytes(b"garbage")
-    assert _policy._ParseCache(str(tmp_path / "cache")).get(str(file), b"x") is None
+    assert DiskCache(str(tmp_path / "cache")).get(str(file), b"x") is None
 
 
 def test_cached_and_fresh_parse_agree(tmp_path, monkeypatch):
     file = tmp_path / "p.toml"
     file.write_text('mode = "observe"\n[guards.grad_mode]\nforce = true\n')
-    monkeypatch.setattr(_policy._ParseCache, "_shared", _policy._ParseCache(str(tmp_path / "c")))
+    monkeypatch.setattr(DiskCache, "_shared", DiskCache(str(tmp_path / "c")))
     first = load(str(file))
     assert (tmp_path / "c" / "policies.marshal").exists()
     second = load(str(file))
@@ -194,7 +195,7 @@ def test_a_device_or_fifo_as_policy_is_refused_without_reading(tmp_path):
 
 def test_a_policy_over_the_size_limit_is_refused(tmp_path):
     big = tmp_path / "big.toml"
-    big.write_text("# padding\n" * (_policy.MAX_POLICY_BYTES // 10 + 1))
+    big.write_text("# padding\n" * (_policy_files.MAX_POLICY_BYTES // 10 + 1))
     with pytest.raises(PolicyError, match=r"big.toml: \d+ bytes \(allowed: at most 1048576"):
         load(str(big), cwd=tmp_path)
 

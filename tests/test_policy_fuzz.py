@@ -7,7 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autograd_guard import _policy
+from autograd_guard import _policy, _policy_schema
+from autograd_guard._cache import DiskCache
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
 
@@ -76,8 +77,8 @@ values = st.recursive(
 keys = st.one_of(
     st.sampled_from(
         [
-            *_policy.TOP_LEVEL_KEYS,
-            *_policy.GUARD_KEYS,
+            *_policy_schema.TOP_LEVEL_KEYS,
+            *_policy_schema.GUARD_KEYS,
             *NAMES,
             "target",
             "action",
@@ -124,7 +125,7 @@ def check(source, load) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_parse_cache(monkeypatch):
-    monkeypatch.setattr(_policy._ParseCache, "_shared", _policy._ParseCache(None))
+    monkeypatch.setattr(DiskCache, "_shared", DiskCache(None))
 
 
 FUZZ = settings(

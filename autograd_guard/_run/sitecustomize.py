@@ -8,9 +8,9 @@ import sys
 
 
 def _start_then_chain() -> None:
-    from autograd_guard import _bootstrap
+    from autograd_guard import _bootstrap, _environment
 
-    if _bootstrap.requested():
+    if _environment.requested():
         _bootstrap.bootstrap(now=True)
     here = os.path.dirname(os.path.abspath(__file__))
     rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]

@@ -9,6 +9,8 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from autograd_guard._guard import Guard
 
 BUILTIN = (
@@ -33,10 +35,10 @@ def builtin() -> list[type[Guard]]:
     return guards
 
 
-def available() -> list[type[Guard]]:
+def available(environ: Mapping[str, str] | None = None) -> list[type[Guard]]:
     """Every guard this process can use: built-in, registered, then third-party."""
     guards = builtin() + list(_registered)
-    return guards + third_party({g.name for g in guards})
+    return guards + third_party({g.name for g in guards}, environ)
 
 
 def register(guard: type[Guard]) -> None:
@@ -50,14 +52,16 @@ def unregister(guard: type[Guard]) -> None:
         _registered.remove(guard)
 
 
-def third_party(taken: set[str]) -> list[type[Guard]]:
+def third_party(taken: set[str], environ: Mapping[str, str] | None = None) -> list[type[Guard]]:
     """Guards that installed distributions declare as entry points.
 
     One that fails to load is reported once and stands in the list as a guard that
     does nothing, so that the policy can still name it; the others are unaffected.
     Guards switched off by ``AUTOGRAD_GUARD_DISABLE`` are not even imported.
     """
-    disabled = {n.strip() for n in os.environ.get("AUTOGRAD_GUARD_DISABLE", "").split(",")}
+    from autograd_guard._environment import disabled as disabled_in
+
+    disabled = disabled_in(environ)
     guards = []
     for name, value, distribution in entry_points():
         if name in taken:
@@ -128,7 +132,7 @@ def entry_points() -> list[tuple[str, str, str]]:
     (tens of milliseconds), so the list is cached against the mtimes of the folders on
     ``sys.path``: installing or removing a distribution changes its folder's mtime.
     """
-    from autograd_guard._policy import _ParseCache
+    from autograd_guard._cache import DiskCache
 
     fingerprint = []
     for path in sys.path:
@@ -137,7 +141,7 @@ def entry_points() -> list[tuple[str, str, str]]:
         except OSError:
             continue
     key = "\n".join(fingerprint).encode("utf-8", "surrogateescape")
-    cache = _ParseCache.shared()
+    cache = DiskCache.shared()
     cached = cache.get("<entry points>", key)
     if cached is not None:
         return [tuple(row) for row in cached["entry_points"]]  # type: ignore[misc]

@@ -1,0 +1,90 @@
+"""Every environment variable autograd-guard reads, in one place (a leaf module: the
+bootstrap imports it at interpreter start, so it imports only ``os``).
+
+The ``.pth`` line repeats the on/off test inline, so that with the variable unset not even
+this module is imported.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+AUTOGRAD_GUARD = "AUTOGRAD_GUARD"
+"""``1``/``on``/``true``/``yes``: on, with the policy's modes; ``observe``, ``fix``,
+``strict`` or ``off``: on, overriding every mode; unset, empty, ``0``, ``off``: off."""
+
+AUTOGRAD_GUARD_POLICY = "AUTOGRAD_GUARD_POLICY"
+"""A policy file path, or the name of a shipped preset."""
+
+AUTOGRAD_GUARD_DISABLE = "AUTOGRAD_GUARD_DISABLE"
+"""Comma-separated guard names to switch off, or ``*``."""
+
+AUTOGRAD_GUARD_LOG = "AUTOGRAD_GUARD_LOG"
+"""``stderr``, ``logging``, or a file path for JSON lines."""
+
+AUTOGRAD_GUARD_CACHE = "AUTOGRAD_GUARD_CACHE"
+"""``off`` stops caching parsed policies and the entry-point list on disk."""
+
+VARIABLES = (
+    AUTOGRAD_GUARD,
+    AUTOGRAD_GUARD_POLICY,
+    AUTOGRAD_GUARD_DISABLE,
+    AUTOGRAD_GUARD_LOG,
+    AUTOGRAD_GUARD_CACHE,
+)
+
+MODES = ("off", "observe", "fix", "strict")
+OFF_VALUES = frozenset({"", "0", "off", "false", "no"})
+ON_VALUES = frozenset({"1", "true", "on", "yes"})
+
+
+def _read(environ: Mapping[str, str] | None, name: str) -> str:
+    return (os.environ if environ is None else environ).get(name, "").strip()
+
+
+def requested(environ: Mapping[str, str] | None = None) -> bool:
+    """True when the environment asks for the guard."""
+    return _read(environ, AUTOGRAD_GUARD).lower() not in OFF_VALUES
+
+
+def switch(environ: Mapping[str, str] | None = None) -> str:
+    """``AUTOGRAD_GUARD`` as written, lower-case (for validation and messages)."""
+    return _read(environ, AUTOGRAD_GUARD).lower()
+
+
+def mode_override(environ: Mapping[str, str] | None = None) -> str | None:
+    """The mode ``AUTOGRAD_GUARD`` imposes on every guard, if it names one."""
+    value = switch(environ)
+    return value if value in MODES else None
+
+
+def disabled(environ: Mapping[str, str] | None = None) -> set[str]:
+    """Guard names switched off by ``AUTOGRAD_GUARD_DISABLE`` (may hold ``*``)."""
+    return {n.strip() for n in _read(environ, AUTOGRAD_GUARD_DISABLE).split(",") if n.strip()}
+
+
+def policy_name(environ: Mapping[str, str] | None = None) -> str:
+    return _read(environ, AUTOGRAD_GUARD_POLICY)
+
+
+def log(environ: Mapping[str, str] | None = None) -> str | None:
+    return _read(environ, AUTOGRAD_GUARD_LOG) or None
+
+
+def cache_folder(environ: Mapping[str, str] | None = None) -> str | None:
+    """Where parsed policies and entry points are cached; None when switched off."""
+    if _read(environ, AUTOGRAD_GUARD_CACHE).lower() in OFF_VALUES - {""}:
+        return None
+    base = (os.environ if environ is None else environ).get("XDG_CACHE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache"
+    )
+    return os.path.join(base, "autograd-guard")
+
+
+def rank() -> str | None:
+    """The distributed rank (torchrun's ``RANK``), for events."""
+    return os.environ.get("RANK")

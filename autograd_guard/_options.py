@@ -1,0 +1,87 @@
+"""One guard- or rule-specific policy key: its type, default, allowed values and doc.
+
+A leaf module, so that the guard contract can declare options without the policy code.
+"""
+
+from __future__ import annotations
+
+from autograd_guard.errors import PolicyError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+MAX_STRING = 4096
+MAX_LIST = 1024
+
+
+class Option:
+    """One guard- or rule-specific policy key, with its type and allowed values."""
+
+    __slots__ = ("choices", "default", "doc", "items", "kind", "maximum", "minimum")
+
+    def __init__(
+        self,
+        kind: type,
+        default: Any,
+        doc: str = "",
+        *,
+        choices: Sequence[str] = (),
+        minimum: float | None = None,
+        maximum: float | None = None,
+        items: tuple[type, ...] = (str,),
+    ) -> None:
+        self.kind = kind
+        self.items = items  # what a list may hold: strings, or also positions (int)
+        self.default = default
+        self.doc = doc
+        self.choices = tuple(choices)
+        self.minimum = minimum
+        self.maximum = maximum
+
+    def allowed(self) -> str:
+        if self.choices:
+            return ", ".join(repr(c) for c in self.choices)
+        if self.kind is list:
+            return "a list of names or positions" if int in self.items else "a list of strings"
+        name = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+        text = name[self.kind]
+        if self.minimum is not None or self.maximum is not None:
+            text += f" in [{self.minimum}, {self.maximum}]"
+        return text
+
+    def check(self, source: str, key: str, value: Any) -> Any:
+        is_bool = isinstance(value, bool)
+        ok = isinstance(value, self.kind) and not (self.kind is not bool and is_bool)
+        if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if ok and self.kind is list:
+            ok = len(value) <= MAX_LIST and all(self._item_ok(v) for v in value)
+            value = list(value)
+        if ok and self.kind is str:
+            ok = len(value) <= MAX_STRING
+        if ok and self.choices:
+            ok = value in self.choices
+        if ok and self.kind in (int, float):
+            ok = (
+                (self.minimum is None or value >= self.minimum)
+                and (self.maximum is None or value <= self.maximum)
+                and value == value
+            )
+        if not ok:
+            raise PolicyError(source, key, f"invalid value {short(value)}", self.allowed())
+        return value
+
+    def _item_ok(self, value: Any) -> bool:
+        if isinstance(value, str):
+            return str in self.items and 0 < len(value) <= MAX_STRING
+        if isinstance(value, int) and not isinstance(value, bool):
+            return int in self.items and 0 <= value <= MAX_LIST
+        return False
+
+
+def short(value: Any) -> str:
+    """``repr(value)``, cut to 60 characters for messages."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,167 @@
+"""Policy files: the shipped presets, where the policy is found, and reading its TOML.
+
+Search order: ``AUTOGRAD_GUARD_POLICY`` (a path or a preset name), ``autograd_guard.toml``
+in the working directory or a parent, ``[tool.autograd_guard]`` in the nearest
+``pyproject.toml``, then the shipped ``default`` preset. Start-up runs this code, so it
+sticks to ``os.path``: pathlib and re cost milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+
+from autograd_guard import _environment
+from autograd_guard._cache import DiskCache
+from autograd_guard.errors import PolicyError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+    from typing import Any
+
+POLICY_FILE = "autograd_guard.toml"
+MAX_POLICY_BYTES = 1 << 20
+
+
+class Discovered:
+    """Where the policy comes from: a description for messages, the file, and whether it is
+    a ``pyproject.toml`` (whose ``[tool.autograd_guard]`` table is the policy)."""
+
+    __slots__ = ("description", "is_pyproject", "path")
+
+    def __init__(self, description: str, path: str, is_pyproject: bool = False) -> None:
+        self.description = description
+        self.path = path
+        self.is_pyproject = is_pyproject
+
+    def __iter__(self) -> Iterator[Any]:  # unpacks like a tuple
+        return iter((self.description, self.path, self.is_pyproject))
+
+    def read(self) -> dict[str, Any]:
+        return read_toml(self.description, self.path, self.is_pyproject)
+
+
+def presets_dir() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    shipped = os.path.join(here, "policies")  # inside a wheel
+    return shipped if os.path.isdir(shipped) else os.path.join(os.path.dirname(here), "policies")
+
+
+def preset_names() -> list[str]:
+    return sorted(n[:-5] for n in os.listdir(presets_dir()) if n.endswith(".toml"))
+
+
+def discover(environ: Mapping[str, str] | None, cwd: str) -> Discovered:
+    """Where the policy comes from."""
+    named = _environment.policy_name(environ)
+    if named:
+        return resolve_named(named, "AUTOGRAD_GUARD_POLICY")
+    pyproject: str | None = None
+    folder = os.path.abspath(cwd)
+    while True:
+        candidate = os.path.join(folder, POLICY_FILE)
+        if os.path.isfile(candidate):
+            return Discovered(candidate, candidate)
+        if os.path.islink(candidate):
+            raise PolicyError(
+                candidate,
+                "",
+                f"a symbolic link to {os.readlink(candidate)!r}, which does not exist",
+                "a policy file: fix or remove the link",
+            )
+        if pyproject is None and os.path.isfile(os.path.join(folder, "pyproject.toml")):
+            pyproject = os.path.join(folder, "pyproject.toml")
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    if pyproject is not None and _has_tool_table(pyproject):
+        return Discovered(f"{pyproject} [tool.autograd_guard]", pyproject, True)
+    return Discovered("preset default", os.path.join(presets_dir(), "default.toml"))
+
+
+def _is_preset_name(named: str) -> bool:
+    return named.replace("-", "_").isidentifier() and not named.endswith(".toml")
+
+
+def resolve_named(named: str, key: str, relative_to: str | None = None) -> Discovered:
+    if _is_preset_name(named):
+        path = os.path.join(presets_dir(), f"{named}.toml")
+        if not os.path.isfile(path):
+            raise PolicyError(key, named, "no such preset", ", ".join(preset_names()))
+        return Discovered(f"preset {named}", path)
+    path = os.path.expanduser(named)
+    if relative_to is not None and not os.path.isabs(path):
+        path = os.path.join(relative_to, path)
+    return Discovered(path, path)
+
+
+def _has_tool_table(pyproject: str) -> bool:
+    """A line opening ``[tool.autograd_guard...]`` or setting ``tool.autograd_guard.*``;
+    checked on the bytes, so that a pyproject.toml without it is never parsed."""
+    try:
+        with open(pyproject, "rb") as f:
+            lines = f.read(MAX_POLICY_BYTES).removeprefix(b"\xef\xbb\xbf").splitlines()
+    except OSError:
+        return False
+    return any(
+        line.lstrip().startswith((b"[tool.autograd_guard", b"tool.autograd_guard."))
+        for line in lines
+    )
+
+
+def read_toml(description: str, path: str, is_pyproject: bool = False) -> dict[str, Any]:
+    """The policy table in ``path``; parsed TOML is cached (see ``_ParseCache``)."""
+    raw = _read_policy_bytes(description, path)
+    cache = DiskCache.shared()
+    data = cache.get(path, raw)
+    if data is None:
+        data = _parse(description, raw, is_pyproject)
+        cache.put(path, raw, data)
+    return data
+
+
+def _read_policy_bytes(description: str, path: str) -> bytes:
+    """The file's bytes; never blocks or reads without end (a FIFO, ``/dev/zero``)."""
+    import stat
+
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise PolicyError(description, "", "not a regular file", "a TOML file")
+        if info.st_size > MAX_POLICY_BYTES:
+            raise PolicyError(
+                description, "", f"{info.st_size} bytes", f"at most {MAX_POLICY_BYTES} bytes"
+            )
+        with open(path, "rb") as f:
+            raw = f.read(MAX_POLICY_BYTES + 1)
+    except PolicyError:
+        raise
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise PolicyError(
+            description, "", f"cannot read the policy file: {why}", "a readable TOML file"
+        ) from None
+    if len(raw) > MAX_POLICY_BYTES:
+        raise PolicyError(description, "", "too large", f"at most {MAX_POLICY_BYTES} bytes")
+    return raw
+
+
+def _parse(description: str, raw: bytes, is_pyproject: bool) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef, import-not-found, unused-ignore]
+    try:
+        data = tomllib.loads(raw.decode("utf-8-sig"))  # a byte-order mark is fine
+    except UnicodeDecodeError as exc:
+        raise PolicyError(description, "", f"not UTF-8 text ({exc.reason})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(description, "", f"invalid TOML: {exc}") from None
+    if is_pyproject:
+        tool = data.get("tool", {})
+        table = tool.get("autograd_guard", {}) if isinstance(tool, dict) else {}
+        if not isinstance(table, dict):
+            raise PolicyError(description, "tool.autograd_guard", "must be a table")
+        return table
+    return data
