@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import sys
 
-_started = False
+from autograd_guard._state import STATE
 
 
 def bootstrap(now: bool = False) -> None:
     """Start the guard once per process, however many times the ``.pth`` is processed."""
-    global _started
-    if _started:
+    if STATE.started:
         return
-    _started = True
+    STATE.started = True
     site = sys.modules.get("site")
     if not now and site is not None and _inside_site_main(site):
         _run_after_customize(site)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import _thread
 import os
 import sys
 
@@ -16,6 +15,7 @@ from autograd_guard import (
     _versions,
 )
 from autograd_guard._guard import describe_error
+from autograd_guard._state import STATE
 from autograd_guard.errors import GuardError, PolicyError
 
 TYPE_CHECKING = False
@@ -27,23 +27,6 @@ if TYPE_CHECKING:
     from autograd_guard._guard import Guard, Target
     from autograd_guard._policy import Policy
 
-_lock = _thread.RLock()
-_policy_in_force: Policy | None = None
-_guards: list[Guard] = []
-_error: str | None = None
-
-
-def _after_fork_in_child() -> None:
-    # A lock held by another thread at fork time would never be released in the child.
-    global _lock
-    _lock = _thread.RLock()
-    for guard in _guards:
-        guard._lock = _thread.allocate_lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
 
 def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
     """Load the policy and hook every enabled guard's targets; replaces an earlier install.
@@ -52,8 +35,7 @@ def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
     """
     from autograd_guard.guards import available
 
-    global _policy_in_force, _error
-    with _lock:
+    with STATE.engine_lock:
         uninstall()
         guard_classes = available()
         if isinstance(policy, _policy.Policy):
@@ -63,7 +45,7 @@ def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
         _events.configure(loaded.log, loaded.log_source)
         _events.reset()
         _versions.clear_cache()
-        _policy_in_force, _error = loaded, None
+        STATE.policy, STATE.error = loaded, None
         for guard_class in guard_classes:
             _start(guard_class, loaded)
 
@@ -82,7 +64,7 @@ def _start(guard_class: type[Guard], policy: Policy) -> None:
             error=describe_error(exc),
         )
         return
-    _guards.append(guard)
+    STATE.guards.append(guard)
     if guard.unavailable:
         guard.state = guard.unavailable
         return
@@ -90,24 +72,24 @@ def _start(guard_class: type[Guard], policy: Policy) -> None:
         guard.state = "off"
         return
     try:
-        targets = list(guard.watch())
+        targets = list(guard.targets_to_wrap())
     except Exception as exc:
         guard.state = f"error: {exc!r}"
         guard.fail("watch", exc)
         return
     for target in targets:
-        _watch(guard, target)
+        _hook_target(guard, target)
 
 
-def _watch(guard: Guard, target: Target) -> None:
-    def watch_target(_: object = None) -> None:
+def _hook_target(guard: Guard, target: Target) -> None:
+    def hook_target(_: object = None) -> None:
         late = target.module in sys.modules
-        _importer.when_imported(target.module, _attach_hook(guard, target, late))
+        _importer.when_imported(target.module, _instrument_hook(guard, target, late))
 
     if target.after is None:
-        watch_target()
+        hook_target()
     else:  # wait for the trigger module first
-        _importer.when_imported(target.after, _fail_open(guard, watch_target))
+        _importer.when_imported(target.after, _fail_open(guard, hook_target))
 
 
 def _fail_open(guard: Guard, hook: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
@@ -122,46 +104,44 @@ def _fail_open(guard: Guard, hook: Callable[[ModuleType], None]) -> Callable[[Mo
     return safe
 
 
-def _attach_hook(guard: Guard, target: Target, late: bool) -> Callable[[ModuleType], None]:
+def _instrument_hook(guard: Guard, target: Target, late: bool) -> Callable[[ModuleType], None]:
     first = [late]
 
-    def attach(module: ModuleType) -> None:
+    def instrument(module: ModuleType) -> None:
         # Runs inside the user's import: an exception here would break that import.
         try:
-            guard.attach(module, target, first[0])
+            guard.instrument(module, target, first[0])
         except Exception as exc:
             guard.state = f"error: {exc!r}"
             guard.fail("patch", exc)
         first[0] = True  # a reload: old references may be about
 
-    return attach
+    return instrument
 
 
 def uninstall() -> None:
     """Unhook, restore every patched object, and keep the event counts for the summary."""
-    global _policy_in_force
-    with _lock:
+    with STATE.engine_lock:
         _importer.clear()
-        for guard in _guards:
+        for guard in STATE.guards:
             guard.active = False
         skipped = _patching.undo_all()
         for place in skipped:
             sys.stderr.write(
                 f"autograd-guard: {place} was re-patched by someone else; left as it is\n"
             )
-        _guards.clear()
-        _policy_in_force = None
+        STATE.guards.clear()
+        STATE.policy = None
 
 
 def install_from_environment(environ: Mapping[str, str] | None = None) -> None:
     """The auto-load: install, and on an invalid policy run unguarded (strict: stop at the
     import of torch)."""
-    global _error
     environ = os.environ if environ is None else environ
     try:
         install(None)
     except PolicyError as exc:
-        _error = str(exc)
+        STATE.error = str(exc)
         if declared_mode(environ) == "strict":
             _stop_at_torch_import(exc)
             return
@@ -211,15 +191,15 @@ def declared_mode(environ: Mapping[str, str]) -> str | None:
 
 
 def status() -> dict[str, Any]:
-    with _lock:
-        policy = _policy_in_force
+    with STATE.engine_lock:
+        policy = STATE.policy
         return {
             "installed": policy is not None,
-            "auto_loaded": _auto_loaded(),
+            "auto_loaded": STATE.started,
             "policy": policy.source if policy else None,
             "mode": (policy.env_mode or policy.mode) if policy else None,
             "log": _events.destination(),
-            "error": _error,
+            "error": STATE.error,
             "watching": _importer.watched(),
             "guards": {
                 g.name: {
@@ -231,18 +211,7 @@ def status() -> dict[str, Any]:
                     "state": g.state,
                     "patched": list(g.places),
                 }
-                for g in _guards
+                for g in STATE.guards
             },
             "events": _events.summary(),
         }
-
-
-def _auto_loaded() -> bool:
-    from autograd_guard import _bootstrap
-
-    return _bootstrap._started
-
-
-def guards() -> list[Guard]:
-    with _lock:
-        return list(_guards)

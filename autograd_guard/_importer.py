@@ -8,9 +8,9 @@ Hooks fire at once for modules that are already imported, and again after a relo
 
 from __future__ import annotations
 
-import _thread
-import os
 import sys
+
+from autograd_guard._state import STATE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,28 +20,14 @@ if TYPE_CHECKING:
 
     Hook = Callable[[ModuleType], None]
 
-_hooks: dict[str, list[Hook]] = {}
-_lock = _thread.RLock()
-_finder: _PostImportFinder | None = None
-
-
-def _after_fork_in_child() -> None:
-    # A lock held by another thread at fork time would never be released in the child.
-    global _lock
-    _lock = _thread.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
 
 def when_imported(name: str, hook: Hook) -> None:
     """Call ``hook(module)`` once ``name`` is imported (now, if it already is).
 
     The hook must not raise; callers wrap their hooks to fail open.
     """
-    with _lock:
-        _hooks.setdefault(name, []).append(hook)
+    with STATE.import_lock:
+        STATE.hooks.setdefault(name, []).append(hook)
         _ensure_finder()
     module = sys.modules.get(name)
     if module is not None and not _initialising(module):
@@ -50,17 +36,16 @@ def when_imported(name: str, hook: Hook) -> None:
 
 def clear() -> None:
     """Forget every hook and take the finder off ``sys.meta_path``."""
-    global _finder
-    with _lock:
-        _hooks.clear()
-        if _finder is not None and _finder in sys.meta_path:
-            sys.meta_path.remove(_finder)
-        _finder = None
+    with STATE.import_lock:
+        STATE.hooks.clear()
+        if STATE.finder is not None and STATE.finder in sys.meta_path:
+            sys.meta_path.remove(STATE.finder)
+        STATE.finder = None
 
 
 def watched() -> list[str]:
-    with _lock:
-        return sorted(_hooks)
+    with STATE.import_lock:
+        return sorted(STATE.hooks)
 
 
 def _initialising(module: ModuleType) -> bool:
@@ -69,15 +54,14 @@ def _initialising(module: ModuleType) -> bool:
 
 
 def _ensure_finder() -> None:
-    global _finder
-    if _finder is None:
-        _finder = _PostImportFinder()
-        sys.meta_path.insert(0, _finder)
+    if STATE.finder is None:
+        STATE.finder = _PostImportFinder()
+        sys.meta_path.insert(0, STATE.finder)
 
 
 def _fire(module: ModuleType) -> None:
-    with _lock:
-        hooks = list(_hooks.get(module.__name__, ()))
+    with STATE.import_lock:
+        hooks = list(STATE.hooks.get(module.__name__, ()))
     for hook in hooks:
         hook(module)
 
@@ -91,7 +75,7 @@ class _PostImportFinder:
         path: Sequence[str] | None = None,
         target: ModuleType | None = None,
     ) -> ModuleSpec | None:
-        if fullname not in _hooks:
+        if fullname not in STATE.hooks:
             return None
         # Ask the finders after this one, so that this finder never recurses into itself.
         meta_path = sys.meta_path

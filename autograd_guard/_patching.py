@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import _thread
-import os
 import sys
+
+from autograd_guard._state import STATE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -12,20 +12,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
-
-_lock = _thread.RLock()
-# (owner, attribute, original, replacement); applied in order, undone in reverse.
-_applied: list[tuple[object, str, object, object]] = []
-
-
-def _after_fork_in_child() -> None:
-    # A lock held by another thread at fork time would never be released in the child.
-    global _lock
-    _lock = _thread.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class NotCallableTarget(TypeError):
@@ -37,75 +23,6 @@ class Patched:
 
     def __init__(self) -> None:
         self.places: list[str] = []
-
-
-_function_wrapper: Any = None
-
-
-def function_wrapper_type() -> Any:
-    """``wrapt.FunctionWrapper`` that pickles and copies exactly like the original.
-
-    A bare wrapt proxy refuses ``pickle`` ("object proxy must define __reduce_ex__()"),
-    which breaks ``multiprocessing``, ``torch.save`` and ``deepcopy`` of anything that
-    holds a guarded function. A function pickles by reference (module and qualified
-    name), and unpickling that reference finds the wrapper again; a bound method pickles
-    as ``getattr(instance, name)``. Copies of a function are the function itself.
-    """
-    global _function_wrapper
-    if _function_wrapper is None:
-        import wrapt
-
-        class GuardedBoundFunction(wrapt.BoundFunctionWrapper):  # type: ignore[misc, type-arg]
-            def __reduce_ex__(self, protocol: Any) -> Any:
-                return self.__wrapped__.__reduce_ex__(protocol)
-
-            def __copy__(self) -> Any:
-                return self
-
-            def __deepcopy__(self, memo: Any) -> Any:
-                return self
-
-        class GuardedFunction(wrapt.FunctionWrapper):  # type: ignore[misc, type-arg]
-            __bound_function_wrapper__ = GuardedBoundFunction
-
-            def __init__(self, wrapped: Any, wrapper: Any) -> None:
-                super().__init__(wrapped, wrapper)
-                self._self_compiled: dict[bool, Any] = {}
-
-            @property
-            def _torchdynamo_inline(self) -> Any:
-                # torch.compile traces this function in place of the wrapper (a wrapt
-                # proxy passes for the original function, whose code Dynamo would trace
-                # past the guard). Read at every guard check: cached per fullgraph.
-                fullgraph = _dynamo_fullgraph()
-                inline = self._self_compiled.get(fullgraph)
-                if inline is None:
-                    owner = getattr(self._self_wrapper, "_autograd_guard_compiled", None)
-                    inline = owner(self.__wrapped__, self, fullgraph) if owner else None
-                    inline = self._self_compiled[fullgraph] = inline or self.__wrapped__
-                return inline
-
-            @property
-            def _torchscript_modifier(self) -> Any:
-                # torch.jit.script compiles the original's source: say so, once.
-                report = getattr(self._self_wrapper, "_autograd_guard_scripted", None)
-                if report is not None:
-                    report()
-                import torch
-
-                return torch._jit_internal.FunctionModifiers.DEFAULT
-
-            def __reduce_ex__(self, protocol: Any) -> Any:
-                return self.__wrapped__.__qualname__
-
-            def __copy__(self) -> Any:
-                return self
-
-            def __deepcopy__(self, memo: Any) -> Any:
-                return self
-
-        _function_wrapper = GuardedFunction
-    return _function_wrapper
 
 
 def wrap(
@@ -124,7 +41,7 @@ def wrap(
     """
     import wrapt
 
-    with _lock:
+    with STATE.patch_lock:
         parent, attribute, original = wrapt.resolve_path(module, qualname)
         if _is_ours(getattr(original, "fget", original), wrapper):
             return None
@@ -143,13 +60,10 @@ def wrap(
         return result
 
 
-def _dynamo_fullgraph() -> bool:
-    """Whether torch.compile is tracing right now with ``fullgraph=True``."""
-    tracing = sys.modules.get("torch._dynamo.symbolic_convert")
-    current = getattr(getattr(tracing, "tls", None), "current_tx", None)
-    return bool(
-        getattr(current, "one_graph", False) or getattr(current, "error_on_graph_break", False)
-    )
+def _proxy_type() -> Any:
+    from autograd_guard._proxies import GuardedFunction  # imports wrapt: only when patching
+
+    return GuardedFunction
 
 
 def _replacement(original: object, wrapper: Wrapper) -> object:
@@ -157,13 +71,13 @@ def _replacement(original: object, wrapper: Wrapper) -> object:
     if isinstance(original, property):
         if original.fget is None:
             raise NotCallableTarget("a property without a getter")
-        getter = function_wrapper_type()(original.fget, wrapper)
+        getter = _proxy_type()(original.fget, wrapper)
         return property(getter, original.fset, original.fdel, original.__doc__)
     if not callable(original) or isinstance(original, type):
         kind = type(original).__name__
         article = "an" if kind[:1] in "aeiou" else "a"
         raise NotCallableTarget(f"{article} {kind}, not a function")
-    return function_wrapper_type()(original, wrapper)
+    return _proxy_type()(original, wrapper)
 
 
 def _is_ours(obj: object, wrapper: Wrapper) -> bool:
@@ -177,7 +91,7 @@ def _is_ours(obj: object, wrapper: Wrapper) -> bool:
 
 def _set(owner: object, attribute: str, original: object, replacement: object) -> None:
     setattr(owner, attribute, replacement)
-    _applied.append((owner, attribute, original, replacement))
+    STATE.applied.append((owner, attribute, original, replacement))
 
 
 def _replace_everywhere(original: object, replacement: object) -> list[str]:
@@ -201,9 +115,9 @@ def _replace_everywhere(original: object, replacement: object) -> list[str]:
 def undo_all() -> list[str]:
     """Restore every original object; returns the places that someone else re-patched."""
     skipped = []
-    with _lock:
-        while _applied:
-            owner, attribute, original, replacement = _applied.pop()
+    with STATE.patch_lock:
+        while STATE.applied:
+            owner, attribute, original, replacement = STATE.applied.pop()
             current = (
                 owner.__dict__.get(attribute)
                 if isinstance(owner, type)

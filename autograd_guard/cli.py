@@ -11,7 +11,8 @@ import sysconfig
 from collections import Counter
 from pathlib import Path
 
-from autograd_guard import _bootstrap, _environment, _events, _policy, _policy_files, _versions
+from autograd_guard import _environment, _events, _policy, _policy_files, _versions
+from autograd_guard._state import STATE
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
 
@@ -107,7 +108,7 @@ def doctor(_: argparse.Namespace) -> int:
             "--editable, or use 'autograd-guard run -- CMD'."
         )
     print(
-        f"auto-load     {'active in this process' if _bootstrap._started else 'not active'}"
+        f"auto-load     {'active in this process' if STATE.started else 'not active'}"
         f" (AUTOGRAD_GUARD {'requests it' if _environment.requested() else 'is unset or off'})"
     )
     print("environment")

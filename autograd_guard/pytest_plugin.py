@@ -30,9 +30,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from autograd_guard import _bootstrap, _environment
+    from autograd_guard import _environment
+    from autograd_guard._state import STATE
 
-    if _environment.requested() and not _bootstrap._started:
+    if _environment.requested() and not STATE.started:
         # Set, yet the .pth never ran: an installer that drops it (kvcached#470, uv#19258).
         sys.stderr.write(
             "autograd-guard: AUTOGRAD_GUARD is set but autograd_guard.pth was not processed, "

@@ -19,11 +19,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
-import wrapt
 from benchtable import Row, print_table
 
-from autograd_guard import _patching, _policy
+from autograd_guard import _policy
 from autograd_guard._guard import Guard, Target
+from autograd_guard._proxies import GuardedFunction
 from autograd_guard.guards import available
 
 
@@ -52,8 +52,7 @@ def compare(
 
 def wrap(guard: Guard, target: Target, function: Any) -> Any:
     # The proxy type the engine installs (it pickles, copies and compiles like the original).
-    proxy = getattr(_patching, "function_wrapper_type", lambda: wrapt.FunctionWrapper)()
-    return proxy(function, guard._wrapper_for(target))
+    return GuardedFunction(function, guard.wrapper_for(target))
 
 
 def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:

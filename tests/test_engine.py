@@ -190,7 +190,7 @@ def test_a_hook_that_raises_does_not_break_the_import(toy, monkeypatch):
     def broken(self, module, target, late):
         raise RuntimeError("hook broke")
 
-    monkeypatch.setattr(ToyGuard, "attach", broken)
+    monkeypatch.setattr(ToyGuard, "instrument", broken)
     autograd_guard.install(policy())
     with capture_events() as events:
         import toy_pkg.core

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 
+from autograd_guard import _compiled
 from autograd_guard._guard import Call, Guard, Target
 
 TYPE_CHECKING = False
@@ -36,7 +37,7 @@ class GradMode(Guard):
     remedy = "call the stage inside 'with torch.enable_grad():' and outside torch.inference_mode()"
     rule_action = "enable_grad"
 
-    def watch(self) -> Iterable[Target]:
+    def _targets(self) -> Iterable[Target]:
         return [
             Target(rule.module, rule.qualname, rule=f"{rule.origin}: {rule.key}")
             for rule in self.policy.rules_for("enable_grad")
@@ -74,12 +75,14 @@ class GradMode(Guard):
             return None  # a generator or coroutine under torch.compile: run it eagerly
         from torch._dynamo.comptime import comptime
 
-        return self.traceable(
+        return _compiled.traceable(
             _grad_mode_traced,
             torch=sys.modules["torch"],
             comptime=comptime,
             original=original,
-            report=self.compiled_remedy(target, "enable_grad", "stage entered with grad off"),
+            report=_compiled.remedy_report(
+                self, target, "enable_grad", "stage entered with grad off"
+            ),
             fix=self.mode == "fix",
         )
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import _thread
 import sys
 
+from autograd_guard import _compiled
 from autograd_guard._guard import Call, Guard, Option, Target
 
 TYPE_CHECKING = False
@@ -73,7 +74,7 @@ class IpexXpu(Guard):
         self._forwards: dict[str, int] = {}
         self._checks: dict[str, int] = {}
 
-    def watch(self) -> Iterable[Target]:
+    def _targets(self) -> Iterable[Target]:
         targets = []
         if self.config["dropout"]:
             targets += [Target("torch.nn.functional", name, after=IPEX) for name in DROPOUTS]
@@ -115,11 +116,12 @@ class IpexXpu(Guard):
         }
         if target.qualname == "interpolate":
             what = "bicubic computed on the CPU"
-            report = self.compiled_remedy(target, "bicubic_on_cpu", what)
-            return self.traceable(_interpolate_traced, report=report, **state)
-        report = self.compiled_remedy(target, "dropout_identity", "dropout skipped in inference")
+            report = _compiled.remedy_report(self, target, "bicubic_on_cpu", what)
+            return _compiled.traceable(_interpolate_traced, report=report, **state)
+        what = "dropout skipped in inference"
+        report = _compiled.remedy_report(self, target, "dropout_identity", what)
         default = _training_default(original)
-        return self.traceable(_dropout_traced, report=report, default=default, **state)
+        return _compiled.traceable(_dropout_traced, report=report, default=default, **state)
 
     # -- dropout ---------------------------------------------------------------------
 

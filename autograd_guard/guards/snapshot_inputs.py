@@ -59,7 +59,7 @@ class SnapshotInputs(Guard):
         self._exempt: dict[Target, frozenset[int | str]] = {}
         self._tensor_type: Any = None
 
-    def watch(self) -> Iterable[Target]:
+    def _targets(self) -> Iterable[Target]:
         return list(self._rules)
 
     def handle(self, call: Call) -> Any:

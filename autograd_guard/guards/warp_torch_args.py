@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 
 from autograd_guard._guard import Call, Guard, Option, Target
+from autograd_guard._wrapper import argument
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -61,21 +62,17 @@ class WarpTorchArgs(Guard):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._context: ModuleType | None = None
-        self._watched: Any = None  # tape -> [(name, tensor)], for the snapshot action
+        self._protected: Any = None  # tape -> [(name, tensor)], for the snapshot action
         self._bridge = bool(self.config["bridge_grads"])
+        self._writes_into_tensors = False  # the installed version is affected
 
-    def needed(self) -> bool:
-        return bool(self.config["bridge_grads"]) or super().needed()
+    def _needed(self) -> bool:
+        return self._bridge or self.version_affected()
 
-    @property
-    def corrupts(self) -> bool:
-        """Whether the installed version writes into torch tensors (or the policy says so)."""
-        return super().needed()  # the version gate itself, without bridge_grads
-
-    def attach(self, module: ModuleType, target: Target, late: bool) -> None:
+    def _on_instrument(self, module: ModuleType, target: Target) -> None:
+        self._writes_into_tensors = self.version_affected()  # without bridge_grads
         if target.qualname == "launch" and (self._context is None or "_src" in module.__name__):
             self._context = module  # holds `runtime`, whose `tape` records launches
-        super().attach(module, target, late)
 
     def check_for(self, target: Target) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], bool]:
         return self._backward_check if target.qualname == "Tape.backward" else self._launch_check
@@ -113,7 +110,7 @@ class WarpTorchArgs(Guard):
         runtime = getattr(self._context, "runtime", None)
         if getattr(runtime, "tape", None) is None:
             return False
-        return bool(_argument(args, kwargs, "record_tape", RECORD_TAPE, True))
+        return bool(argument(args, kwargs, "record_tape", RECORD_TAPE, True))
 
     def handle(self, call: Call) -> Any:
         if call.target.qualname == "Tape.backward":
@@ -131,7 +128,7 @@ class WarpTorchArgs(Guard):
             if value.requires_grad:
                 if self.config["bridge_grads"]:
                     bridge.append((index, params[index]))
-            elif recording and self.corrupts:
+            elif recording and self._writes_into_tensors:
                 exposed.append((index, params[index]))
         arguments = inputs + outputs
         if bridge and self.intervene(
@@ -155,7 +152,7 @@ class WarpTorchArgs(Guard):
             if action == "convert":
                 _convert(warp, arguments, exposed, requires_grad=False)
             else:
-                self._watch(exposed, arguments)
+                self._protect_until_backward(exposed, arguments)
         if bridge or exposed:
             call.replace("inputs", INPUTS, arguments[: len(inputs)])
             call.replace("outputs", OUTPUTS, arguments[len(inputs) :])
@@ -163,26 +160,26 @@ class WarpTorchArgs(Guard):
 
     # -- Tape.backward (snapshot action) -----------------------------------------------
 
-    def _watch(self, exposed: list[tuple[int, Any]], arguments: list[Any]) -> None:
+    def _protect_until_backward(self, exposed: list[tuple[int, Any]], arguments: list[Any]) -> None:
         import weakref
 
-        if self._watched is None:
-            self._watched = weakref.WeakKeyDictionary()
+        if self._protected is None:
+            self._protected = weakref.WeakKeyDictionary()
         tape = self._context.runtime.tape  # type: ignore[union-attr]
-        watched = self._watched.setdefault(tape, [])
+        watched = self._protected.setdefault(tape, [])
         for index, param in exposed:
             if all(t is not arguments[index] for _, t in watched):
                 watched.append((param.label, arguments[index]))
 
     def _backward_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        return self._watched is not None and instance in self._watched
+        return self._protected is not None and instance in self._protected
 
     def _backward(self, call: Call) -> Any:
         from autograd_guard._snapshot import Snapshot
 
         # Copy when backward starts: changes the caller made since the launch are kept.
         snapshot = Snapshot()
-        for name, tensor in self._watched.get(call.instance, ()):
+        for name, tensor in self._protected.get(call.instance, ()):
             snapshot.add(name, tensor)
         result = call.proceed()
         changes = snapshot.changes()
@@ -196,14 +193,6 @@ class WarpTorchArgs(Guard):
                 changes=[c.describe() for c in changes],
             )
         return result
-
-
-def _argument(
-    args: tuple[Any, ...], kwargs: dict[str, Any], name: str, position: int, default: Any = None
-) -> Any:
-    if name in kwargs:
-        return kwargs[name]
-    return args[position] if position < len(args) else default
 
 
 def _names(items: list[tuple[int, Any]]) -> list[str]:

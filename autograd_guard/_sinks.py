@@ -1,0 +1,156 @@
+"""Where events go: structlog's processors and the logger at the end of the chain.
+
+Events are rendered by a private processor chain, never the host's structlog or logging
+configuration: one readable line on stderr, JSON lines in a file (one ``os.write`` per
+line on an ``O_APPEND`` descriptor, so lines from several processes never interleave), or
+the ``autograd_guard`` stdlib logger at each event's own level. Imported on the first
+event, never at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+    from typing import Any
+
+STDERR = "stderr"
+LOGGING = "logging"
+
+
+def make_logger(destination: str, source: str) -> Any:
+    """A structlog logger writing to ``destination`` (``source``: where it was set)."""
+    import logging
+
+    import structlog
+
+    renderer: Any
+    if destination == STDERR:
+        renderer = _render_line
+    elif destination == LOGGING:  # the host's logging shows the level itself
+        renderer = _render_message
+    else:
+        renderer = structlog.processors.JSONRenderer(sort_keys=False)
+    return structlog.wrap_logger(
+        _Sink(destination, source),
+        processors=[
+            _describe_arrays,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _describe_arrays(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """Replace any tensor or array that slipped into an event, at any depth, by its shape
+    and dtype: no tensor data ever reaches a log."""
+    for key, value in event_dict.items():
+        event_dict[key] = _without_arrays(value, 0)
+    return event_dict
+
+
+def _without_arrays(value: Any, depth: int) -> Any:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"<{type(value).__name__} shape={tuple(value.shape)} {value.dtype}>"
+    if depth >= 8:
+        return value if isinstance(value, (str, int, float, bool, type(None))) else "<...>"
+    if isinstance(value, dict):
+        return {k: _without_arrays(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_without_arrays(v, depth + 1) for v in value]
+    return value
+
+
+_LINE_KEYS = ("event", "guard", "action", "callsite", "remedy", "level", "timestamp")
+
+
+def _render_line(logger: Any, name: str, event_dict: MutableMapping[str, Any]) -> str:
+    level = event_dict.get("level", "warning")
+    return f"autograd-guard {level}: {_render_message(logger, name, event_dict)}"
+
+
+def _render_message(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> str:
+    extras = " ".join(f"{k}={v}" for k, v in event_dict.items() if k not in _LINE_KEYS)
+    line = f"[{event_dict.get('guard')}/{event_dict.get('action')}] {event_dict.get('event')}"
+    if event_dict.get("callsite", "-") != "-":
+        line += f" at {event_dict['callsite']}"
+    if extras:
+        line += f" ({extras})"
+    if event_dict.get("remedy"):
+        line += f" | remedy: {event_dict['remedy']}"
+    return line
+
+
+def _sink_method(level: str) -> Any:
+    """One logging method of ``_Sink``: stdlib ``logging`` at that level, or a write."""
+
+    def log(self: _Sink, line: str) -> None:
+        if self.dest == LOGGING:
+            import logging
+
+            logging.getLogger("autograd_guard").log(getattr(logging, level.upper()), line)
+        else:
+            self.msg(line)
+
+    return log
+
+
+class _Sink:
+    """The structlog logger: writes each rendered line with one system call.
+
+    A log file is opened once, without blocking (a FIFO with no reader must not hang the
+    program), and must be a regular file; when it cannot be used the events go to stderr
+    after one line naming the path and where it was set.
+    """
+
+    def __init__(self, dest: str, source: str) -> None:
+        self.dest = dest
+        self.source = source
+        self.fd: int | None = None
+        self.fallback = False
+
+    def msg(self, line: str) -> None:
+        data = (line.replace("\n", " ") + "\n").encode("utf-8", "replace")
+        if self.dest != STDERR and not self.fallback:
+            fd = self.fd if self.fd is not None else self._open()
+            if fd is not None:
+                os.write(fd, data)
+                return
+        sys.stderr.write(data.decode("utf-8"))
+        sys.stderr.flush()
+
+    def _open(self) -> int | None:
+        import stat
+
+        try:
+            fd = os.open(self.dest, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        except OSError as exc:
+            self._give_up(exc.strerror or str(exc))
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            self._give_up("not a regular file")
+            return None
+        os.set_blocking(fd, True)
+        self.fd = fd
+        return fd
+
+    def _give_up(self, why: str) -> None:
+        self.fallback = True
+        sys.stderr.write(
+            f"autograd-guard: cannot write events to {self.dest!r} (set by {self.source}): "
+            f"{why}; writing them to stderr instead\n"
+        )
+
+    debug = _sink_method("debug")
+    info = _sink_method("info")
+    warning = _sink_method("warning")
+    error = _sink_method("error")
+    critical = _sink_method("critical")
+    warn = warning

@@ -1,0 +1,246 @@
+"""The fail-open wrapper the engine puts around each target, the call it hands a guard,
+and the helpers guards read arguments with.
+
+The library runs outside every ``try`` of ours: its exceptions, and the user's, pass
+through as the same objects with the same context, and it runs once. Any error of the
+guard's own falls back to the library's own behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from autograd_guard import _compiled
+from autograd_guard.errors import GuardError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from types import FrameType
+    from typing import Any
+
+    from autograd_guard._guard import Guard, Target
+
+# Frames in these folders are never a call site: ours, then wrapt's (added on first use).
+_OWN_DIRS: list[str] = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
+
+
+def _wrapt_dir() -> str:
+    import wrapt
+
+    return os.path.dirname(os.path.abspath(wrapt.__file__)) + os.sep
+
+
+def argument(
+    args: tuple[Any, ...], kwargs: dict[str, Any], name: str, position: int, default: Any = None
+) -> Any:
+    """An argument passed by keyword ``name`` or at ``position`` (the one way to read one,
+    as dd-trace's ``get_argument_value``)."""
+    if name in kwargs:
+        return kwargs[name]
+    if 0 <= position < len(args):
+        return args[position]
+    return default
+
+
+def iter_tensors(value: Any, tensor: type, depth: int = 3) -> Iterator[Any]:
+    """The tensors in ``value`` and in its lists, tuples and dicts, ``depth`` levels down."""
+    if isinstance(value, tensor):
+        yield value
+    elif depth > 0 and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from iter_tensors(item, tensor, depth - 1)
+    elif depth > 0 and isinstance(value, dict):
+        for item in value.values():
+            yield from iter_tensors(item, tensor, depth - 1)
+
+
+def map_tensors(value: Any, tensor: type, change: Callable[[Any], Any], depth: int = 3) -> Any:
+    """A copy of ``value`` with ``change`` applied to each tensor, ``depth`` levels down;
+    containers without a tensor come back as the same objects."""
+    if isinstance(value, tensor):
+        return change(value)
+    if depth <= 0:
+        return value
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):  # not a namedtuple
+        return tuple(map_tensors(v, tensor, change, depth - 1) for v in value)
+    if isinstance(value, list):
+        return [map_tensors(v, tensor, change, depth - 1) for v in value]
+    if isinstance(value, dict):
+        return {k: map_tensors(v, tensor, change, depth - 1) for k, v in value.items()}
+    return value
+
+
+class Call:
+    """One risky call in progress: its arguments, the original, and what the original did."""
+
+    __slots__ = (
+        "_callsite",
+        "args",
+        "has_result",
+        "instance",
+        "kwargs",
+        "library_error",
+        "result",
+        "target",
+        "wrapped",
+    )
+
+    def __init__(
+        self,
+        target: Target,
+        wrapped: Callable[..., Any],
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        self.target = target
+        self.wrapped = wrapped
+        self.instance = instance
+        self.args = args
+        self.kwargs = kwargs
+        self.has_result = False
+        self.result: Any = None
+        self.library_error: BaseException | None = None
+        self._callsite: str | None = None
+
+    def proceed(
+        self, args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        """Run the original callable (with these arguments, if given)."""
+        try:
+            result = self.wrapped(
+                *(self.args if args is None else args),
+                **(self.kwargs if kwargs is None else kwargs),
+            )
+        except BaseException as exc:
+            self.library_error = exc
+            raise
+        self.has_result = True
+        self.result = result
+        return result
+
+    def replace(self, name: str, position: int, value: Any) -> None:
+        """Pass ``value`` for this argument to ``proceed()`` (the caller's objects are kept)."""
+        if name in self.kwargs or position >= len(self.args):
+            self.kwargs = {**self.kwargs, name: value}
+        else:
+            self.args = (*self.args[:position], value, *self.args[position + 1 :])
+
+    def argument(self, name: str, position: int, default: Any = None) -> Any:
+        """An argument passed by keyword ``name`` or at ``position``."""
+        return argument(self.args, self.kwargs, name, position, default)
+
+    @property
+    def callsite(self) -> str:
+        if self._callsite is None:
+            target = self.target
+            self._callsite = find_callsite(target.module.partition(".")[0], *target.skip)
+        return self._callsite
+
+
+def find_callsite(*libraries: str) -> str:
+    """``file:line`` of the code that called the wrapped function.
+
+    Starts above the engine's wrapper frame, so a guard's own frames never count
+    (wherever the guard lives), and skips wrapt and the ``libraries`` (top-level package
+    names) where a caller outside them exists.
+    """
+    if len(_OWN_DIRS) == 1:
+        _OWN_DIRS.append(_wrapt_dir())
+    own = tuple(_OWN_DIRS)
+    frame: FrameType | None = sys._getframe(1)
+    start = frame
+    while frame is not None and frame.f_code is not _WRAPPER_CODE:
+        frame = frame.f_back
+    frame = frame.f_back if frame is not None else start
+    fallback = None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(own):
+            package = frame.f_globals.get("__name__", "").partition(".")[0]
+            if package not in libraries:
+                return f"{os.path.normpath(filename)}:{frame.f_lineno}"
+            if fallback is None:
+                fallback = f"{os.path.normpath(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return fallback or "<unknown>"
+
+
+def describe_error(exc: BaseException) -> str:
+    """An exception's type and where it was raised; never its message, which can hold the
+    user's data (tensor values, paths, strings)."""
+    text = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    trace = exc.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    if trace is not None:
+        code = trace.tb_frame.f_code
+        where = f"{os.path.basename(code.co_filename)}:{trace.tb_lineno}"
+        text += f" raised in {code.co_name} ({where})"
+    return text
+
+
+def make_wrapper(self: Guard, target: Target) -> Callable[..., Any]:
+    """The wrapt wrapper for ``target``: the guard's check, then its ``handle``, failing open."""
+    risky = self.check_for(target)
+    from autograd_guard._guard import Guard
+
+    always = getattr(risky, "__func__", None) is Guard.risky  # no check to run
+    handle = self.handle
+
+    def autograd_guard_wrapper(
+        wrapped: Callable[..., Any],
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        # The library runs outside every try of ours: its exceptions, and the user's,
+        # pass through as the same objects with the same context, and it runs once.
+        if not self.active:
+            return wrapped(*args, **kwargs)
+        if not always:
+            try:
+                is_risky = risky(instance, args, kwargs)
+            except Exception as exc:  # fail open: run the library untouched
+                self.fail("check", exc)
+                is_risky = False
+            if not is_risky:
+                return wrapped(*args, **kwargs)
+        call = Call(target, wrapped, instance, args, kwargs)
+        try:
+            return handle(call)
+        except GuardError:
+            raise
+        except Exception as exc:
+            if exc is call.library_error:
+                raise  # the library's or the user's own exception, unchanged
+            self.fail("remedy", exc)
+        # The guard broke: the library's own outcome, raised or returned outside the
+        # except block so that nothing of the guard's failure is chained to it.
+        if call.library_error is not None:
+            raise call.library_error
+        if call.has_result:
+            return call.result
+        return wrapped(*args, **kwargs)
+
+    autograd_guard_wrapper._autograd_guard_owner = self.name  # type: ignore[attr-defined]
+    # Read by the proxy (see _proxies) when torch.compile or TorchScript meets it.
+    autograd_guard_wrapper._autograd_guard_compiled = (  # type: ignore[attr-defined]
+        lambda original, proxy, fullgraph: _compiled.compiled_call(
+            self, target, original, proxy, fullgraph
+        )
+    )
+    autograd_guard_wrapper._autograd_guard_scripted = (  # type: ignore[attr-defined]
+        lambda: _compiled.scripted(self, target)
+    )
+    return autograd_guard_wrapper
+
+
+# Every wrapper shares this code object; find_callsite looks for it on the stack.
+_WRAPPER_CODE = next(
+    c
+    for c in make_wrapper.__code__.co_consts
+    if getattr(c, "co_name", None) == "autograd_guard_wrapper"
+)
