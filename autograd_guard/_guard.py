@@ -212,7 +212,9 @@ class Guard:
             return needed, "forced on"
         if not self.distribution:
             return needed, "your code, by rules"
-        where = f"{self.installed_as} {self.version}" if self.version else "not installed"
+        if self.version is None:
+            return needed, f"{self.installed_as} not installed"
+        where = f"{self.installed_as} {self.version}"
         word = "affected" if self.version_affected() else "not affected"
         word += "" if needed == self.version_affected() else "; patched for its options"
         return needed, f"{where}; {word} (affected: {self.affected or 'all versions'})"

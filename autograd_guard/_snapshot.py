@@ -39,10 +39,6 @@ class Snapshot:
     def add(self, name: str, tensor: Any) -> None:
         self.entries.append((name, tensor, tensor.detach().clone()))
 
-    @property
-    def nbytes(self) -> int:
-        return sum(copy.numel() * copy.element_size() for _, _, copy in self.entries)
-
     def changes(self) -> list[Change]:
         found = []
         for name, tensor, copy in self.entries:

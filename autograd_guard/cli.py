@@ -16,6 +16,10 @@ from autograd_guard._state import STATE
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from autograd_guard._guard import Guard
+
 PTH_NAME = "autograd_guard.pth"
 
 STARTER = """\
@@ -93,10 +97,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def doctor(_: argparse.Namespace) -> int:
-    print(f"python        {sys.version.split()[0]} ({sys.executable})")
-    print(f"torch         {_versions.installed_version('torch') or 'not installed'}")
+    _print_setup()
+    guards = available()
+    try:
+        policy = _policy.load(None, guards)
+    except PolicyError as exc:
+        print(f"policy        INVALID: {exc}")
+        return 1
+    print(f"policy        {policy.source}")
+    print(
+        f"mode          {policy.env_mode or policy.mode}"
+        f"{' (from AUTOGRAD_GUARD)' if policy.env_mode else ''}"
+    )
+    print(f"log           {policy.log or 'stderr'}")
+    print("guards")
+    for guard_class in guards:
+        _print_guard(guard_class, policy)
+    return 0
+
+
+def _print_setup() -> None:
     from autograd_guard import __version__
 
+    print(f"python        {sys.version.split()[0]} ({sys.executable})")
+    print(f"torch         {_versions.installed_version('torch') or 'not installed'}")
     print(f"autograd-guard {__version__}")
     pth = find_pth()
     if pth:
@@ -114,44 +138,25 @@ def doctor(_: argparse.Namespace) -> int:
     print("environment")
     for name in _environment.VARIABLES:
         print(f"  {name}={os.environ[name]!r}" if name in os.environ else f"  {name} (unset)")
-    guards = available()
-    try:
-        policy = _policy.load(None, guards)
-    except PolicyError as exc:
-        print(f"policy        INVALID: {exc}")
-        return 1
-    print(f"policy        {policy.source}")
-    print(
-        f"mode          {policy.env_mode or policy.mode}"
-        f"{' (from AUTOGRAD_GUARD)' if policy.env_mode else ''}"
-    )
-    print(f"log           {policy.log or 'stderr'}")
-    print("guards")
-    for guard in guards:
-        mode = policy.mode_for(guard.name)
-        if guard.provided_by != "autograd-guard":
-            print(
-                f"  {guard.name:<18} third-party guard from {guard.provided_by}"
-                + (f": UNAVAILABLE, {guard.unavailable}" if guard.unavailable else "")
-            )
-            if guard.unavailable:
-                continue
-        if guard.distribution:
-            name, version = _versions.first_installed(guard.distribution)
-            forced = policy.guards[guard.name].force
-            affected = version is not None and (
-                not guard.affected or _versions.is_affected(version, guard.affected)
-            )
-            where = f"{name} {version}" if version else f"{name} not installed"
-            verdict = "forced on" if forced else "affected" if affected else "not affected"
-            print(
-                f"  {guard.name:<18} mode={mode:<7} {where}; {verdict} "
-                f"(affected: {guard.affected or 'all versions'})"
-            )
-        else:
-            stages = [r.target for r in policy.rules_for(guard.rule_action)]
-            print(f"  {guard.name:<18} mode={mode:<7} rules: {', '.join(stages) or 'none'}")
-    return 0
+
+
+def _print_guard(guard_class: type[Guard], policy: _policy.Policy) -> None:
+    """One guard: its mode and the guard's own verdict, then its options and their docs."""
+    name = guard_class.name
+    if guard_class.provided_by != "autograd-guard":
+        print(f"  {name:<18} third-party guard from {guard_class.provided_by}", end="")
+        print(f": UNAVAILABLE, {guard_class.unavailable}" if guard_class.unavailable else "")
+        if guard_class.unavailable:
+            return
+    guard = guard_class(policy)
+    if guard.distribution:
+        _, why = guard.verdict()
+    else:
+        stages = [r.target for r in policy.rules_for(guard.rule_action)]
+        why = f"rules: {', '.join(stages) or 'none'}"
+    print(f"  {name:<18} mode={guard.mode:<7} {why}")
+    for option, spec in guard.options.items():
+        print(f"      {option} = {guard.config[option]!r}  # {spec.doc}")
 
 
 def site_dirs() -> list[str]:
@@ -231,9 +236,21 @@ def init_policy(args: argparse.Namespace) -> int:
     if path.exists() and not args.force:
         print(f"{path} exists; use --force to overwrite it", file=sys.stderr)
         return 1
-    path.write_text(STARTER, encoding="utf-8")
+    path.write_text(STARTER + _option_reference(), encoding="utf-8")
     print(f"wrote {path.resolve()}")
     return 0
+
+
+def _option_reference() -> str:
+    """Every guard's own options, commented out, with their defaults and docs."""
+    lines = ["", "# Each guard's own options (defaults shown)."]
+    for guard in available():
+        if guard.options:
+            lines.append(f"# [guards.{guard.name}]")
+            for name, option in guard.options.items():
+                default = json.dumps(option.default)
+                lines.append(f"# {name} = {default}  # {option.doc}")
+    return "\n".join(lines) + "\n"
 
 
 def run_command(args: argparse.Namespace) -> int:

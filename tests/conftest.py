@@ -1,19 +1,26 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import thirdparty
+import wheelenv
+from helpers import STAGE_SOURCE
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+from autograd_guard import _engine
 
-import wheelenv  # noqa: E402
 
-from autograd_guard import _engine  # noqa: E402
+def pytest_configure(config: pytest.Config) -> None:
+    """The real libraries the guards protect (PyTorch3D's Python code, gsplat) are installed
+    once into .cache/thirdparty, each in a folder of its own, and put on sys.path before
+    the test modules that import them are collected."""
+    thirdparty.import_pytorch3d()
+    gsplat = str(thirdparty.install("gsplat"))
+    if gsplat not in sys.path:
+        sys.path.insert(0, gsplat)
 
 
 @pytest.fixture(autouse=True)
@@ -75,41 +82,5 @@ def project(tmp_path):
     (package / "recon.py").write_text(STAGE_SOURCE)
     return tmp_path
 
-
-def run_python(
-    python: Path | str, code: str, cwd: Path, *args: str, check: bool = True, **env: str
-) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a child interpreter with a clean environment plus ``env``."""
-    environ = wheelenv.clean_environ(**env)
-    environ.setdefault("XDG_CACHE_HOME", str(cwd / ".xdg-cache"))
-    result = subprocess.run(
-        [str(python), *args, "-c", textwrap.dedent(code)],
-        cwd=cwd,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(
-            f"child failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
-        )
-    return result
-
-
-STAGE_SOURCE = """
-import torch
-
-def reconstruct_stage1(target, steps=25):
-    # A small real optimisation loop, like Unique3D's stage 1 fitting.
-    verts = torch.zeros_like(target, requires_grad=True)
-    optimizer = torch.optim.Adam([verts], lr=0.1)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = ((verts - target) ** 2).mean()
-        loss.backward()
-        optimizer.step()
-    return verts.detach(), loss.item()
-"""
 
 os.environ.setdefault("PYTHONHASHSEED", "0")

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 import wheelenv
-from conftest import ROOT, run_python
+from helpers import ROOT, run_python
 
 LOADED = """
 import sys

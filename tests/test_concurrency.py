@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 import wheelenv
-from conftest import run_python
+from helpers import run_python
 
 import autograd_guard
 from autograd_guard import guards

@@ -6,26 +6,22 @@ from __future__ import annotations
 
 import sys
 
+import gsplat
+import gsplat.rendering
+import gsplat_standins
 import pytest
-import thirdparty
 import torch
 import torch.nn.functional as F
-from conftest import STAGE_SOURCE
+from helpers import STAGE_SOURCE
+from pytorch3d.ops import taubin_smoothing
+from pytorch3d.structures import Meshes
+from pytorch3d.utils import ico_sphere
 
 import autograd_guard
 from autograd_guard import _events, _versions
 from autograd_guard._guard import Guard
 from autograd_guard.guards import available
 from autograd_guard.testing import capture_events
-
-thirdparty.import_pytorch3d()
-sys.path.insert(0, str(thirdparty.install("gsplat")))
-import gsplat  # noqa: E402
-import gsplat.rendering  # noqa: E402
-import gsplat_standins  # noqa: E402
-from pytorch3d.ops import taubin_smoothing  # noqa: E402
-from pytorch3d.structures import Meshes  # noqa: E402
-from pytorch3d.utils import ico_sphere  # noqa: E402
 
 GUARDS = {g.name: g for g in available()}
 FAULTS = ("version lookup", "hook", "check", "remedy", "remedy after the library")

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import torch
-from conftest import STAGE_SOURCE
+from helpers import STAGE_SOURCE
 
 import autograd_guard
 from autograd_guard.testing import capture_events

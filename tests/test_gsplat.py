@@ -4,19 +4,15 @@ stand-ins for its CUDA kernel wrappers only (see gsplat_standins.py)."""
 from __future__ import annotations
 
 import inspect
-import sys
 
+import gsplat
+import gsplat.rendering
+import gsplat_standins
 import pytest
-import thirdparty
 import torch
 
 import autograd_guard
 from autograd_guard.testing import capture_events
-
-sys.path.insert(0, str(thirdparty.install("gsplat")))
-import gsplat
-import gsplat.rendering
-import gsplat_standins
 
 ORIGINAL = gsplat.rendering.rasterization
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import run_python
+from helpers import run_python
 
 STAGE_UNDER_NO_GRAD = """
 import torch

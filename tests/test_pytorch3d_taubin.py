@@ -5,17 +5,16 @@ from __future__ import annotations
 import inspect
 
 import pytest
-import thirdparty
+import pytorch3d
+import pytorch3d.ops
 import torch
+from pytorch3d.ops import mesh_filtering
+from pytorch3d.structures import Meshes, join_meshes_as_batch
+from pytorch3d.utils import ico_sphere
 
 import autograd_guard
 from autograd_guard.taubin import taubin_smooth_verts, taubin_smoothing
 from autograd_guard.testing import capture_events
-
-pytorch3d = thirdparty.import_pytorch3d()
-from pytorch3d.ops import mesh_filtering  # noqa: E402
-from pytorch3d.structures import Meshes, join_meshes_as_batch  # noqa: E402
-from pytorch3d.utils import ico_sphere  # noqa: E402
 
 ORIGINAL = mesh_filtering.taubin_smoothing
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import run_python
+from helpers import run_python
 
 import autograd_guard
 from autograd_guard import _policy

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import run_python
+from helpers import run_python
 
 GOOD = """
 from autograd_guard.guard import Guard, Target

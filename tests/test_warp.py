@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import thirdparty
-from conftest import run_python
+from helpers import run_python
 
 AFFECTED, NEWEST = "1.5.1", "1.19.0"
 

@@ -13,6 +13,10 @@ if TYPE_CHECKING:
 
     from autograd_guard._guard import Guard
 
+# The built-in guards, by module name. A static list on purpose, not the entry-point group
+# that third-party guards use: reading entry points costs importlib.metadata and a scan of
+# every distribution at start-up, and the built-ins ship with this package anyway. Each is
+# checked as a third-party guard is (a Guard subclass whose name is its module's).
 BUILTIN = (
     "grad_mode",
     "snapshot_inputs",
@@ -27,12 +31,7 @@ _registered: list[type[Guard]] = []
 
 
 def builtin() -> list[type[Guard]]:
-    guards = []
-    for name in BUILTIN:
-        module_name = f"autograd_guard.guards.{name}"
-        __import__(module_name)  # importlib.import_module would import importlib first
-        guards.append(sys.modules[module_name].GUARD)
-    return guards
+    return [_load(name, f"autograd_guard.guards.{name}:GUARD") for name in BUILTIN]
 
 
 def available(environ: Mapping[str, str] | None = None) -> list[type[Guard]]:

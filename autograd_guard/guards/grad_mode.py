@@ -20,14 +20,15 @@ import sys
 
 from autograd_guard import _compiled
 from autograd_guard._guard import Call, Guard, Target
+from autograd_guard._resumable import NO_CONTEXT, GradModes, resume_each_time_under
+from autograd_guard._wrapper import iter_tensors, map_tensors
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Callable, Generator, Iterable
+    from collections.abc import Callable, Iterable
     from typing import Any
 
 NO_GRAD_MESSAGE = "does not require grad and does not have a grad_fn"
-_MAX_DEPTH = 3
 
 
 class GradMode(Guard):
@@ -114,19 +115,14 @@ class GradMode(Guard):
         """The generator or coroutine, driven so that each resume runs with grad."""
         call.callsite  # noqa: B018 - the caller's line, while the caller is on the stack
         inner = call.proceed()
-        kind = _resumable(call.target)
-        if kind == "asyncgen":
-            return _async_generator(inner, lambda: self._resume_modes(call))
-        driven = _drive(inner, lambda: self._resume_modes(call))
-        if kind == "coroutine":
-            return _await(driven)
-        return driven
+        kind = _resumable(call.target) or "generator"
+        return resume_each_time_under(kind, inner, lambda: self._resume_modes(call))
 
     def _resume_modes(self, call: Call) -> Any:
         torch = sys.modules["torch"]
         if self.risky(None, (), {}) and self._intervene(call, 0):
-            return _Modes(torch)
-        return _NO_MODES
+            return GradModes(torch)
+        return NO_CONTEXT
 
 
 compiled: Any = None  # the state of each traceable copy of the function below
@@ -141,88 +137,6 @@ def _grad_mode_traced(*args: Any, **kwargs: Any) -> Any:
         return compiled.original(*args, **kwargs)
     with compiled.torch.enable_grad():
         return compiled.original(*args, **kwargs)
-
-
-class _Modes:
-    """``inference_mode(False)`` and ``enable_grad()`` for one resume."""
-
-    __slots__ = ("_grad", "_inference")
-
-    def __init__(self, torch: Any) -> None:
-        self._inference = torch.inference_mode(False)
-        self._grad = torch.enable_grad()
-
-    def __enter__(self) -> None:
-        self._inference.__enter__()
-        self._grad.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self._grad.__exit__(*exc)
-        self._inference.__exit__(*exc)
-
-
-class _NoModes:
-    def __enter__(self) -> None:
-        pass
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-
-_NO_MODES = _NoModes()
-
-
-def _drive(inner: Any, modes: Callable[[], Any]) -> Generator[Any, Any, Any]:
-    """Resume ``inner`` (a generator, coroutine or ``asend`` awaitable) under ``modes()``
-    at every ``next``/``send``/``throw``; the caller's modes hold between resumes."""
-    value: Any = None
-    thrown: BaseException | None = None
-    while True:
-        with modes():
-            try:
-                item = inner.send(value) if thrown is None else inner.throw(thrown)
-            except StopIteration as stop:
-                return stop.value
-        try:
-            value, thrown = (yield item), None
-        except GeneratorExit:
-            with modes():
-                inner.close()
-            raise
-        except BaseException as exc:  # thrown in by the caller: pass it on to the body
-            value, thrown = None, exc
-
-
-class _Awaitable:
-    __slots__ = ("_driven",)
-
-    def __init__(self, driven: Generator[Any, Any, Any]) -> None:
-        self._driven = driven
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        return self._driven
-
-
-async def _await(driven: Generator[Any, Any, Any]) -> Any:
-    return await _Awaitable(driven)
-
-
-async def _async_generator(inner: Any, modes: Callable[[], Any]) -> AsyncGenerator[Any, Any]:
-    value: Any = None
-    thrown: BaseException | None = None
-    while True:
-        step = inner.asend(value) if thrown is None else inner.athrow(thrown)
-        try:
-            item = await _Awaitable(_drive(step, modes))
-        except StopAsyncIteration:
-            return
-        try:
-            value, thrown = (yield item), None
-        except GeneratorExit:
-            await _Awaitable(_drive(inner.aclose(), modes))
-            raise
-        except BaseException as exc:
-            value, thrown = None, exc
 
 
 def _resumable(target: Target) -> str | None:
@@ -257,14 +171,21 @@ class _InferenceClones:
     def __init__(self, torch: Any, arguments: Any) -> None:
         self._torch = torch
         self._arguments = arguments
-        self.found = _count_inference_tensors(torch, arguments, 0)
+        self.found = sum(t.is_inference() for t in iter_tensors(arguments, torch.Tensor))
         self._pairs: list[tuple[Any, Any, int]] = []  # original, clone, clone's version
 
     def prepare(self) -> Any:
         """The arguments to pass (call under inference_mode(False))."""
         if not self.found:
             return self._arguments
-        return _clone_inference_tensors(self._torch, self._arguments, 0, self._pairs)
+        return map_tensors(self._arguments, self._torch.Tensor, self._clone)
+
+    def _clone(self, tensor: Any) -> Any:
+        if not tensor.is_inference():
+            return tensor
+        clone = tensor.clone()
+        self._pairs.append((tensor, clone, clone._version))
+        return clone
 
     def copy_back(self, guard: Guard, call: Call) -> None:
         written = [(o, c) for o, c, version in self._pairs if c._version != version]
@@ -296,40 +217,6 @@ def _note(target: str, fixed: bool) -> str:
         "torch.set_grad_enabled(False) in __main__, which worker threads do not inherit). "
         "Call it inside 'with torch.enable_grad():' or run the guard in 'fix' mode."
     )
-
-
-def _count_inference_tensors(torch: Any, value: Any, depth: int) -> int:
-    if isinstance(value, torch.Tensor):
-        return int(value.is_inference())
-    if depth >= _MAX_DEPTH:
-        return 0
-    if isinstance(value, (list, tuple)):
-        return sum(_count_inference_tensors(torch, v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return sum(_count_inference_tensors(torch, v, depth + 1) for v in value.values())
-    return 0
-
-
-def _clone_inference_tensors(
-    torch: Any, value: Any, depth: int, pairs: list[tuple[Any, Any, int]]
-) -> Any:
-    """A copy of ``value`` with inference tensors cloned (call under inference_mode(False)),
-    each (original, clone, clone version) recorded in ``pairs``."""
-    if isinstance(value, torch.Tensor):
-        if not value.is_inference():
-            return value
-        clone = value.clone()
-        pairs.append((value, clone, clone._version))
-        return clone
-    if depth >= _MAX_DEPTH:
-        return value
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_clone_inference_tensors(torch, v, depth + 1, pairs) for v in value)
-    if isinstance(value, list):
-        return [_clone_inference_tensors(torch, v, depth + 1, pairs) for v in value]
-    if isinstance(value, dict):
-        return {k: _clone_inference_tensors(torch, v, depth + 1, pairs) for k, v in value.items()}
-    return value
 
 
 GUARD = GradMode

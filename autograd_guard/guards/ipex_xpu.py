@@ -21,6 +21,7 @@ import sys
 
 from autograd_guard import _compiled
 from autograd_guard._guard import Call, Guard, Option, Target
+from autograd_guard._wrapper import iter_tensors, map_tensors
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -194,7 +195,9 @@ class IpexXpu(Guard):
         try:
             with torch.no_grad():
                 reference = copy.deepcopy(call.instance).to("cpu")
-                cpu_args, cpu_kwargs = _to_cpu(torch, (call.args, call.kwargs))
+                cpu_args, cpu_kwargs = map_tensors(
+                    (call.args, call.kwargs), torch.Tensor, _detached_on_cpu, DEPTH
+                )
                 expected = reference(*cpu_args, **cpu_kwargs)
         finally:
             _reference.active = False
@@ -272,28 +275,15 @@ def _training_default(function: Callable[..., Any]) -> Any:
         return True
 
 
+DEPTH = 8  # how deep model inputs and outputs are searched for tensors
+
+
 def _tensors(value: Any) -> Iterable[Any]:
-    torch = sys.modules["torch"]
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
+    return iter_tensors(value, sys.modules["torch"].Tensor, DEPTH)
 
 
-def _to_cpu(torch: Any, value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, tuple):
-        return tuple(_to_cpu(torch, v) for v in value)
-    if isinstance(value, list):
-        return [_to_cpu(torch, v) for v in value]
-    if isinstance(value, dict):
-        return {k: _to_cpu(torch, v) for k, v in value.items()}
-    return value
+def _detached_on_cpu(tensor: Any) -> Any:
+    return tensor.detach().cpu()
 
 
 def _max_differences(torch: Any, actual: Any, expected: Any) -> tuple[float, float]:
