@@ -225,17 +225,18 @@ def make_wrapper(self: Guard, target: Target) -> Callable[..., Any]:
             return call.result
         return wrapped(*args, **kwargs)
 
-    autograd_guard_wrapper._autograd_guard_owner = self.name  # type: ignore[attr-defined]
-    # Read by the proxy (see _proxies) when torch.compile or TorchScript meets it.
-    autograd_guard_wrapper._autograd_guard_compiled = (  # type: ignore[attr-defined]
-        lambda original, proxy, fullgraph: _compiled.compiled_call(
-            self, target, original, proxy, fullgraph
-        )
-    )
-    autograd_guard_wrapper._autograd_guard_scripted = (  # type: ignore[attr-defined]
-        lambda: _compiled.scripted(self, target)
-    )
+    _mark(autograd_guard_wrapper, self, target)
     return autograd_guard_wrapper
+
+
+def _mark(wrapper: Any, guard: Guard, target: Target) -> None:
+    """What the patcher and the proxy read off a wrapper: its guard, and what to do when
+    torch.compile or TorchScript meets it (see _proxies and _compiled)."""
+    wrapper._autograd_guard_owner = guard.name
+    wrapper._autograd_guard_compiled = lambda original, proxy, fullgraph: _compiled.compiled_call(
+        guard, target, original, proxy, fullgraph
+    )
+    wrapper._autograd_guard_scripted = lambda: _compiled.scripted(guard, target)
 
 
 # Every wrapper shares this code object; find_callsite looks for it on the stack.

@@ -8,10 +8,9 @@ import os
 import site
 import sys
 import sysconfig
-from collections import Counter
 from pathlib import Path
 
-from autograd_guard import _environment, _events, _policy, _policy_files, _versions
+from autograd_guard import _environment, _policy, _policy_files, _report, _versions
 from autograd_guard._state import STATE
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
@@ -86,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         "check": check_policy,
         "init": init_policy,
         "run": run_command,
-        "report": report_log,
+        "report": _report.report_log,
     }[args.command]
     try:
         return handler(args)
@@ -271,68 +270,6 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"autograd-guard run: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127
     return 0  # not reached
-
-
-def report_log(args: argparse.Namespace) -> int:
-    """Counts per guard and call site, across the processes that shared the log. A
-    process's exit summary holds its exact repeat counts; an event logged after the
-    summary, or by a process that died before it, counts once."""
-    try:
-        lines = Path(args.file).read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError as exc:
-        print(f"cannot read {args.file}: {exc.strerror}", file=sys.stderr)
-        return 1
-    counts, events, processes, bad = _count_log(lines)
-    rows = [
-        {"guard": k[0], "action": k[1], "callsite": k[2], "count": n} for k, n in counts.items()
-    ]
-    print(
-        f"{_events.describe_counts(rows)} in {_events.plural(processes, 'process')}"
-        + (f"; {bad} unreadable lines" if bad else "")
-    )
-    for guard in sorted({k[0] for k in counts}):
-        print(f"{guard}:")
-        for key in sorted(k for k in counts if k[0] == guard):
-            print(f"  {counts[key]:>7}x  {key[1]:<14} {key[2]}  {events.get(key, '')}")
-    return 0
-
-
-Key = tuple[str, str, str]
-
-
-def _count_log(lines: list[str]) -> tuple[Counter[Key], dict[Key, str], int, int]:
-    logged: dict[object, Counter[Key]] = {}
-    summarised: dict[object, Counter[Key]] = {}
-    events: dict[Key, str] = {}
-    bad = 0
-    for line in lines:
-        try:
-            record = json.loads(line)
-            key = (record["guard"], record["action"], record["callsite"])
-            process = record.get("process") or record.get("pid")  # older logs: pid only
-        except (ValueError, KeyError, TypeError, AttributeError):
-            bad += 1
-            continue
-        if record["action"] == "summary":
-            summary = summarised.setdefault(process, Counter())
-            summary.update(dict(_parse_site(s) for s in record.get("sites", [])))
-        else:
-            logged.setdefault(process, Counter())[key] += 1
-            events.setdefault(key, record.get("event", ""))
-    counts: Counter[Key] = Counter()
-    for process in {*logged, *summarised}:
-        own, summary = logged.get(process, Counter()), summarised.get(process, Counter())
-        for key in {*own, *summary}:
-            counts[key] += max(own[key], summary[key])
-    return counts, events, len({*logged, *summarised}), bad
-
-
-def _parse_site(line: str) -> tuple[tuple[str, str, str], int]:
-    """Undo the exit summary's "guard/action at file:line xN"."""
-    head, _, count = line.rpartition(" x")
-    names, _, callsite = head.partition(" at ")
-    guard, _, action = names.partition("/")
-    return (guard, action, callsite), int(count) if count.isdigit() else 1
 
 
 if __name__ == "__main__":
