@@ -27,9 +27,9 @@ def bootstrap(now: bool = False) -> None:
 def start() -> None:
     """Install from the environment; never let a failure here stop the interpreter."""
     try:
-        from autograd_guard import _engine
+        from autograd_guard import _startup
 
-        _engine.install_from_environment()
+        _startup.start()
     except SystemExit:
         raise  # a broken policy under strict mode stops the program on purpose
     except BaseException as exc:  # start-up must never crash the host program

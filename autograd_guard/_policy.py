@@ -79,6 +79,7 @@ class Policy:
         self.rules = rules
         self.env_mode: str | None = None
         self.log_source = "AUTOGRAD_GUARD_LOG"  # where ``log`` was set, for messages
+        self.files: list[str] = []  # the policy files read, ``extends`` included
 
     def mode_for(self, guard: str) -> str:
         """The mode that applies to ``guard``: off, observe, fix or strict."""
@@ -108,6 +109,7 @@ def load(
 
     environ = os.environ if environ is None else environ
     guard_list = list(guards)
+    _policy_files.FILES_READ.clear()
     if isinstance(source, dict):
         policy = _policy_schema.build("<dict>", dict(source), guard_list, depth=0)
     else:
@@ -118,4 +120,5 @@ def load(
         folder = os.path.dirname(found.path)
         policy = _policy_schema.build(found.description, found.read(), guard_list, 0, folder)
     _policy_schema.apply_environment(policy, environ)
+    policy.files = list(_policy_files.FILES_READ)
     return policy

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 POLICY_FILE = "autograd_guard.toml"
+FILES_READ: list[str] = []  # by the policy being loaded (load() clears it)
 MAX_POLICY_BYTES = 1 << 20
 
 
@@ -111,8 +112,9 @@ def _has_tool_table(pyproject: str) -> bool:
 
 
 def read_toml(description: str, path: str, is_pyproject: bool = False) -> dict[str, Any]:
-    """The policy table in ``path``; parsed TOML is cached (see ``_ParseCache``)."""
+    """The policy table in ``path``; parsed TOML is cached (see ``_cache``)."""
     raw = _read_policy_bytes(description, path)
+    FILES_READ.append(path)  # what a start plan depends on (see _startup)
     cache = DiskCache.shared()
     data = cache.get(path, raw)
     if data is None:

@@ -230,3 +230,57 @@ def test_editable_install_auto_loads(tmp_path, project):
     )
     result = run_python(python, CALL_STAGE, project, AUTOGRAD_GUARD="1")
     assert result.stdout.startswith("loss ")
+
+
+LAZY = """
+import sys
+print("engine" if "autograd_guard._engine" in sys.modules else "no engine")
+import torch
+from mesh_reconstruction.recon import reconstruct_stage1
+print("engine" if "autograd_guard._engine" in sys.modules else "no engine")
+torch.set_grad_enabled(False)
+print("loss", round(reconstruct_stage1(torch.ones(3))[1], 3))
+"""
+
+
+def test_a_start_plan_defers_the_engine_to_the_first_target_import(guard_python, project):
+    first = run_python(guard_python, LAZY, project, AUTOGRAD_GUARD="1")  # makes the plan
+    assert first.stdout.splitlines()[0] == "engine"
+    lazy = run_python(guard_python, LAZY, project, AUTOGRAD_GUARD="1").stdout.splitlines()
+    assert lazy[:2] == ["no engine", "engine"] and lazy[2].startswith("loss ")
+    modules = "import sys; print(sorted(m for m in sys.modules if m.startswith('autograd_guard')))"
+    loaded = eval(run_python(guard_python, modules, project, AUTOGRAD_GUARD="1").stdout)
+    assert "autograd_guard.guards" not in loaded and "autograd_guard._wrapper" not in loaded
+
+
+def test_a_start_plan_follows_edits_of_the_policy(guard_python, project):
+    (project / "other_stage.py").write_text(
+        "import torch\n\ndef fit():\n    return torch.is_grad_enabled()\n"
+    )
+    policy = project / "autograd_guard.toml"
+    policy.write_text('extends = "default"\n')
+    code = (
+        "import torch\ntorch.set_grad_enabled(False)\nimport other_stage\nprint(other_stage.fit())"
+    )
+    assert run_python(guard_python, code, project, AUTOGRAD_GUARD="1").stdout == "False\n"
+    policy.write_text(
+        'extends = "default"\n[[rules]]\ntarget = "other_stage:fit"\naction = "enable_grad"\n'
+    )
+    assert run_python(guard_python, code, project, AUTOGRAD_GUARD="1").stdout == "True\n"
+
+
+def test_a_start_plan_of_the_wrong_shape_is_ignored(guard_python, project):
+    import marshal
+
+    run_python(guard_python, "pass", project, AUTOGRAD_GUARD="1")
+    import os
+    from pathlib import Path
+
+    folder = Path(os.environ["XDG_CACHE_HOME"]) / "autograd-guard"
+    [cache] = folder.glob("plans-*.marshal")
+    data = marshal.loads(cache.read_bytes())
+    data["entries"] = {key: {"files": "x", "modules": 3} for key in data["entries"]}
+    cache.write_bytes(marshal.dumps(data))
+    assert run_python(guard_python, CALL_STAGE, project, AUTOGRAD_GUARD="1").stdout.startswith(
+        "loss "
+    )

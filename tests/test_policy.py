@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -148,8 +149,34 @@ def test_parse_cache_checks_the_bytes(tmp_path):
     fresh = DiskCache(str(tmp_path / "cache"))  # read back from disk
     assert fresh.get(str(file), b'mode = "fix"\n') == {"mode": "fix"}
     assert fresh.get(str(file), b'mode = "strict"\n') is None  # edited file: parse again
-    (tmp_path / "cache" / "policies.marshal").write_bytes(b"garbage")
+    with open(fresh.file, "wb") as f:
+        f.write(b"garbage")
     assert DiskCache(str(tmp_path / "cache")).get(str(file), b"x") is None
+
+
+def test_the_cache_is_per_environment_and_distrusts_other_shapes(tmp_path, monkeypatch):
+    import marshal
+    import sys
+
+    from autograd_guard import _cache
+
+    here = DiskCache(str(tmp_path))
+    monkeypatch.setattr(sys, "prefix", "/some/other/venv")
+    there = DiskCache(str(tmp_path))
+    assert here.file != there.file  # two environments never evict each other's entries
+    here.put("a.toml", b"x", {"mode": "fix"})
+    there.put("a.toml", b"x", {"mode": "off"})
+    assert DiskCache(str(tmp_path)).get("a.toml", b"x") == {"mode": "off"}
+    key = str(tmp_path / "a.toml")
+    with open(there.file, "wb") as f:  # another schema: ignored, not trusted
+        marshal.dump({"schema": _cache.SCHEMA + 1, "entries": {key: (b"x", {})}}, f)
+    assert DiskCache(str(tmp_path)).get("a.toml", b"x") is None
+    with open(there.file, "wb") as f:  # the right bytes, the wrong shape
+        marshal.dump({"schema": _cache.SCHEMA, "entries": {key: (b"x", ["a", "list"])}}, f)
+    with open(there.file_of("plans"), "wb") as f:
+        marshal.dump({"schema": _cache.SCHEMA, "entries": 3}, f)
+    broken = DiskCache(str(tmp_path))
+    assert broken.get(str(tmp_path / "a.toml"), b"x") is None and broken.plan("k") is None
 
 
 def test_cached_and_fresh_parse_agree(tmp_path, monkeypatch):
@@ -157,7 +184,7 @@ def test_cached_and_fresh_parse_agree(tmp_path, monkeypatch):
     file.write_text('mode = "observe"\n[guards.grad_mode]\nforce = true\n')
     monkeypatch.setattr(DiskCache, "_shared", DiskCache(str(tmp_path / "c")))
     first = load(str(file))
-    assert (tmp_path / "c" / "policies.marshal").exists()
+    assert os.path.exists(DiskCache.shared().file)
     second = load(str(file))
     assert (first.mode, first.guards["grad_mode"].force) == (
         second.mode,

@@ -127,9 +127,10 @@ def _report_broken(name: str, value: str, distribution: str, exc: Exception) -> 
 def entry_points() -> list[tuple[str, str, str]]:
     """(name, value, distribution) of every guard entry point, cached between runs.
 
-    Reading entry points imports importlib.metadata and scans every distribution
-    (tens of milliseconds), so the list is cached against the mtimes of the folders on
-    ``sys.path``: installing or removing a distribution changes its folder's mtime.
+    Read straight from each ``*.dist-info/entry_points.txt`` on ``sys.path``:
+    ``importlib.metadata`` would cost its import and a scan of every distribution's
+    metadata. Cached against the mtimes of the folders on ``sys.path`` (installing or
+    removing a distribution changes its folder's mtime).
     """
     from autograd_guard._cache import DiskCache
 
@@ -142,14 +143,52 @@ def entry_points() -> list[tuple[str, str, str]]:
     key = "\n".join(fingerprint).encode("utf-8", "surrogateescape")
     cache = DiskCache.shared()
     cached = cache.get("<entry points>", key)
-    if cached is not None:
-        return [tuple(row) for row in cached["entry_points"]]  # type: ignore[misc]
-    from importlib import metadata
-
-    found = []
-    for distribution in metadata.distributions():
-        for entry in distribution.entry_points:
-            if entry.group == ENTRY_POINT_GROUP:
-                found.append((entry.name, entry.value, distribution.metadata["Name"] or "?"))
+    rows = cached.get("entry_points") if cached else None
+    if isinstance(rows, list) and all(_is_row(row) for row in rows):
+        return [(row[0], row[1], row[2]) for row in rows]
+    found = _scan_entry_points()
     cache.put("<entry points>", key, {"entry_points": [list(row) for row in found]})
     return found
+
+
+def _is_row(row: object) -> bool:
+    return isinstance(row, list) and len(row) == 3 and all(isinstance(v, str) for v in row)
+
+
+def _scan_entry_points() -> list[tuple[str, str, str]]:
+    found: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    for folder in sys.path:
+        try:
+            names = sorted(os.listdir(folder or "."))
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
+                continue
+            distribution = name.rpartition(".")[0].partition("-")[0].replace("_", "-")
+            if distribution.lower() in seen:
+                continue  # the first on sys.path wins, as for imports
+            seen.add(distribution.lower())
+            path = os.path.join(folder or ".", name, "entry_points.txt")
+            found += [(n, v, distribution) for n, v in _guard_entries(path)]
+    return found
+
+
+def _guard_entries(path: str) -> list[tuple[str, str]]:
+    """``name = value`` lines of the ``[autograd_guard.guards]`` section of an
+    entry_points.txt (an INI file)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    entries, inside = [], False
+    for line in lines:
+        text = line.strip()
+        if text.startswith("["):
+            inside = text == f"[{ENTRY_POINT_GROUP}]"
+        elif inside and "=" in text and not text.startswith(("#", ";")):
+            name, _, value = text.partition("=")
+            entries.append((name.strip(), value.strip()))
+    return entries

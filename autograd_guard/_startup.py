@@ -1,0 +1,110 @@
+"""Start-up with the variable set: watch only the modules that a cached start plan names,
+and load the engine, the policy and the guards at the first import of one of them.
+
+A plan is made by a start that did the whole install (no plan yet, or a stale one): the
+modules the guards then watched, the policy files read (with their sizes and mtimes) and
+the folders on ``sys.path`` (with theirs, for third-party guards). It is trusted only
+while the same policy file is discovered and nothing it names has changed, so a process
+that never imports a target pays for a few ``stat`` calls and one cache read.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from autograd_guard import _environment, _importer
+from autograd_guard._cache import DiskCache
+from autograd_guard._state import STATE
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
+
+def start() -> None:
+    """The auto-load: from the plan if it holds, else the whole install (and a new plan)."""
+    key = _plan_key()
+    modules = _modules_if_valid(DiskCache.shared().plan(key))
+    if modules is None:
+        install_now(key)
+        return
+    for name in modules:
+        _importer.when_imported(name, _install_then_run_hooks)
+
+
+def install_now(key: str | None = None) -> None:
+    from autograd_guard import _engine
+
+    _engine.install_from_environment()
+    if key is not None and STATE.policy is not None and STATE.error is None:
+        _save_plan(key)
+
+
+def _install_then_run_hooks(module: ModuleType) -> None:
+    """The first watched module is being imported: install, then run the hooks that the
+    install registered for it (it is still initialising, so they did not fire)."""
+    with STATE.import_lock:
+        STATE.hooks.clear()  # the plan's own hooks
+    install_now()
+    with STATE.import_lock:
+        hooks = list(STATE.hooks.get(module.__name__, ()))
+    for hook in hooks:
+        hook(module)
+
+
+def _plan_key() -> str:
+    from autograd_guard import __file__ as package
+    from autograd_guard import __version__
+
+    settings = [os.environ.get(name, "") for name in _environment.VARIABLES]
+    return "\0".join([package, __version__, os.getcwd(), *settings])
+
+
+def _fingerprint() -> list[list[Any]]:
+    stamps: list[list[Any]] = []
+    for path in sys.path:
+        try:
+            stamps.append([path, os.stat(path or ".").st_mtime_ns])
+        except OSError:
+            continue
+    return stamps
+
+
+def _stamp(path: str) -> list[Any] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return [path, info.st_size, info.st_mtime_ns]
+
+
+def _save_plan(key: str) -> None:
+    policy = STATE.policy
+    files = [_stamp(path) for path in policy.files]
+    if None in files or not policy.files:
+        return  # a dict policy, or a file that went away: no plan
+    plan = {"files": files, "path": _fingerprint(), "modules": _importer.watched()}
+    DiskCache.shared().put_plan(key, plan)
+
+
+def _modules_if_valid(plan: Any) -> list[str] | None:
+    """The plan's modules, if its shape is right and nothing it depends on changed."""
+    if not isinstance(plan, dict):
+        return None
+    files, modules = plan.get("files"), plan.get("modules")
+    if not (isinstance(files, list) and files and isinstance(modules, list)):
+        return None
+    if not all(isinstance(m, str) for m in modules) or plan.get("path") != _fingerprint():
+        return None
+    if any(not isinstance(f, list) or not f or _stamp(f[0]) != f for f in files):
+        return None
+    from autograd_guard._policy_files import discover
+
+    try:  # the same file must still be the one discovered
+        if discover(None, os.getcwd()).path != files[0][0]:
+            return None
+    except Exception:
+        return None
+    return modules
