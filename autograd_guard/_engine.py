@@ -79,6 +79,8 @@ def _start(guard_class: type[Guard], policy: Policy) -> None:
         return
     for target in targets:
         _hook_target(guard, target)
+    for name in guard.modules:
+        _importer.when_imported(name, _fail_open(guard, guard.module_imported))
 
 
 def _hook_target(guard: Guard, target: Target) -> None:
@@ -125,6 +127,7 @@ def uninstall() -> None:
         _importer.clear()
         for guard in STATE.guards:
             guard.active = False
+            guard.detach()
         skipped = _patching.undo_all()
         for place in skipped:
             sys.stderr.write(

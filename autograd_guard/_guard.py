@@ -85,6 +85,9 @@ class Guard:
     upstream: ClassVar[str] = ""
     remedy: ClassVar[str] = ""
     targets: ClassVar[tuple[Target, ...]] = ()
+    # Modules whose import starts a guard that wraps nothing (global torch hooks): the
+    # engine calls module_imported(), which calls _on_import(); uninstall calls detach().
+    modules: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[dict[str, Option]] = {}
     rule_action: ClassVar[str] = ""
     rule_options: ClassVar[dict[str, Option]] = {}
@@ -116,6 +119,12 @@ class Guard:
 
     def _on_instrument(self, module: ModuleType, target: Target) -> None:
         """Called when ``target``'s module is imported, before it is wrapped."""
+
+    def _on_import(self, module: ModuleType) -> None:
+        """One of ``modules`` was imported (and the version is affected): hook in."""
+
+    def _on_uninstall(self) -> None:
+        """Remove what ``_on_import`` added."""
 
     def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
         """A function ``torch.compile`` can trace that applies the remedy (None: none); made
@@ -218,6 +227,28 @@ class Guard:
         word = "affected" if self.version_affected() else "not affected"
         word += "" if needed == self.version_affected() else "; patched for its options"
         return needed, f"{where}; {word} (affected: {self.affected or 'all versions'})"
+
+    def module_imported(self, module: ModuleType) -> None:
+        """Called once a module of ``modules`` is imported: gate on the version, hook in."""
+        self.read_version()
+        if not self._needed():
+            self.state = f"not needed for {self.installed_as} {self.version}"
+            return
+        self._on_import(module)
+        self.state = f"hooked into {module.__name__}"
+
+    def detach(self) -> None:
+        """Undo ``_on_import`` (at uninstall); a failure is reported, never raised."""
+        try:
+            self._on_uninstall()
+        except Exception as exc:
+            self.emit(
+                "guard error while detaching",
+                action="guard_error",
+                callsite=f"detach:{type(exc).__name__}",
+                level="error",
+                error=describe_error(exc),
+            )
 
     def instrument(self, module: ModuleType, target: Target, late: bool) -> None:
         """Called once ``target.module`` is imported: gate on the version, then patch."""

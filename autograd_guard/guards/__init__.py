@@ -24,6 +24,7 @@ BUILTIN = (
     "warp_torch_args",
     "gsplat_means2d",
     "ipex_xpu",
+    "grad_health",
 )
 ENTRY_POINT_GROUP = "autograd_guard.guards"
 

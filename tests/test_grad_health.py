@@ -1,0 +1,185 @@
+"""Guard grad_health on real torch training loops: lost gradients named by parameter,
+non-finite gradients skipped (fix), raised (strict) or logged (observe), the backward op
+and forward line they came from, and silence on correct loops."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from helpers import run_python
+
+import autograd_guard
+from autograd_guard.testing import capture_events
+
+
+class Net(torch.nn.Module):
+    def __init__(self, detach: bool = False) -> None:
+        super().__init__()
+        self.backbone = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+        self.head = torch.nn.Linear(8, 1)
+        self.aux = torch.nn.Linear(8, 1)
+        self.detach = detach
+
+    def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
+        features = self.backbone(x)
+        if self.detach:
+            features = features.detach()  # the backbone silently stops training
+        out = self.head(features)
+        if step % 2 == 0:
+            out = out + self.aux(features)  # used every other step only
+        return out
+
+
+def train(net, steps=8, optimizer=None):
+    torch.manual_seed(0)
+    optimizer = optimizer or torch.optim.Adam(net.parameters(), lr=1e-2)
+    for step in range(steps):
+        optimizer.zero_grad()
+        net(torch.randn(16, 4), step).pow(2).mean().backward()
+        optimizer.step()  # STEP
+    return optimizer
+
+
+def step_line() -> str:
+    import inspect
+
+    lines, start = inspect.getsourcelines(train)
+    return f"{__file__}:{start + next(i for i, s in enumerate(lines) if '# STEP' in s)}"
+
+
+@pytest.mark.parametrize("mode", ["fix", "strict", "observe"])
+def test_a_correct_loop_is_silent(mode):
+    autograd_guard.install({"mode": mode})
+    with capture_events() as events:
+        train(Net(), steps=12)  # the aux head gets a gradient every other step only
+    assert events == []
+
+
+def test_a_detached_backbone_is_named_once_with_the_step_line():
+    autograd_guard.install({})
+    with capture_events() as events:
+        train(Net(detach=True), steps=12)
+    [event] = events
+    assert event["action"] == "lost_gradient" and event["guard"] == "grad_health"
+    assert event["parameters"] == ["backbone.0.weight", "backbone.0.bias"]
+    assert event["callsite"] == step_line()
+
+
+def nan_loop(steps=4):
+    """sqrt of an exact zero: a finite forward (0) and a NaN backward."""
+    w = torch.nn.Parameter(torch.full((3,), 2.0))
+    optimizer = torch.optim.Adam([w], lr=0.1)
+    for step in range(steps):
+        optimizer.zero_grad()
+        scale = 0.0 if step >= 1 else 1.0  # healthy first, then the bad input
+        loss = torch.sqrt(((w - 1) * scale).pow(2).sum()) + w.sum()  # SQRT
+        loss.backward()
+        optimizer.step()
+    return w, optimizer
+
+
+def sqrt_line() -> str:
+    import inspect
+
+    lines, start = inspect.getsourcelines(nan_loop)
+    return f"{__file__}:{start + next(i for i, s in enumerate(lines) if '# SQRT' in s)}"
+
+
+def test_fix_skips_the_step_and_names_the_op_and_the_forward_line():
+    w, optimizer = nan_loop(1)
+    after_one = w.detach().clone()
+    state_steps = float(optimizer.state[w]["step"])
+    autograd_guard.install({})
+    with capture_events() as events:
+        w, optimizer = nan_loop(4)
+    assert torch.isfinite(w).all() and torch.equal(w.detach(), after_one)
+    assert float(optimizer.state[w]["step"]) == state_steps  # Adam's state untouched
+    assert w.grad is not None and not torch.isfinite(w.grad).all()  # the user's gradient
+    first, origin = events
+    assert first["action"] == "nonfinite_gradient" and "step skipped" in first["event"]
+    assert origin["action"] == "nonfinite_origin" and origin["op"] == "SqrtBackward0"
+    assert origin["forward"] == sqrt_line()
+    assert not torch.is_anomaly_enabled()  # the probe put everything back
+
+
+def test_unguarded_the_nan_reaches_the_weights():
+    w, _ = nan_loop(4)
+    assert not torch.isfinite(w).all()
+
+
+def test_observe_logs_and_changes_nothing():
+    autograd_guard.install({"mode": "observe"})
+    with capture_events() as events:
+        w, _ = nan_loop(4)
+    assert not torch.isfinite(w).all()
+    assert [e["action"] for e in events][:1] == ["nonfinite_gradient"]
+
+
+def test_strict_raises_before_the_weights_change():
+    autograd_guard.install({"mode": "strict"})
+    w = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([w], lr=0.1)
+    torch.sqrt((w * 0).pow(2).sum()).backward()
+    with pytest.raises(autograd_guard.GuardError, match="non-finite gradient"):
+        optimizer.step()
+    assert torch.equal(w.detach(), torch.ones(3))
+
+
+def test_uninstall_removes_the_hooks():
+    autograd_guard.install({})
+    autograd_guard.uninstall()
+    with capture_events() as events:
+        w, _ = nan_loop(3)
+    assert not torch.isfinite(w).all() and events == []
+
+
+DDP = """
+import json, os, sys, torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+def worker(rank, log):
+    os.environ.update(RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+    import autograd_guard
+    autograd_guard.install({"log": log})
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(rank)
+    backbone, head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(backbone, head))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(6):
+        optimizer.zero_grad()
+        x = torch.randn(8, 4)
+        loss = model.module[1](model.module[0](x).detach()).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+    dist.barrier()
+    os._exit(0)  # leaves before gloo's teardown, which aborts on some runs
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(sys.argv[2],), nprocs=2)
+    print("done")
+"""
+
+
+def test_ddp_ranks_report_each_their_own(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP)
+    log = tmp_path / "events.jsonl"
+    code = (
+        f"import runpy, sys; sys.argv = ['ddp.py', '{port}', {str(log)!r}]; "
+        "runpy.run_path('ddp.py', run_name='__main__')"
+    )
+    run_python(sys.executable, code, tmp_path, PYTHONPATH=":".join(sys.path))
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    lost = [e for e in events if e["action"] == "lost_gradient"]
+    assert sorted(e["rank"] for e in lost) == ["0", "1"]
+    assert all(e["parameters"] == ["module.0.weight", "module.0.bias"] for e in lost)
