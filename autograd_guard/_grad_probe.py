@@ -45,6 +45,7 @@ class BackwardProbe:
         self.armed = False
         self.origin: tuple[str, str] | None = None  # (backward op, forward file:line)
         self._backward: Any = None
+        self._patched: Any = None
         self._anomaly: Any = None
 
     def arm(self) -> None:
@@ -52,14 +53,15 @@ class BackwardProbe:
         self._anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
         torch.autograd.set_detect_anomaly(True, check_nan=False)
         self._backward = torch.autograd.backward
-        torch.autograd.backward = self._probed_backward
+        self._patched = self._probed_backward  # one bound method, to compare by identity
+        torch.autograd.backward = self._patched
         self.armed = True
 
     def disarm(self) -> None:
         if not self.armed:
             return
         torch = sys.modules["torch"]
-        if torch.autograd.backward is self._probed_backward:
+        if torch.autograd.backward is self._patched:
             torch.autograd.backward = self._backward
         torch.autograd.set_detect_anomaly(*self._anomaly)
         self.armed = False

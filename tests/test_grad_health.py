@@ -14,6 +14,8 @@ from helpers import run_python
 import autograd_guard
 from autograd_guard.testing import capture_events
 
+ORIGINAL_BACKWARD = torch.autograd.backward
+
 
 class Net(torch.nn.Module):
     def __init__(self, detach: bool = False) -> None:
@@ -103,6 +105,7 @@ def test_fix_skips_the_step_and_names_the_op_and_the_forward_line():
     assert origin["action"] == "nonfinite_origin" and origin["op"] == "SqrtBackward0"
     assert origin["forward"] == sqrt_line()
     assert not torch.is_anomaly_enabled()  # the probe put everything back
+    assert torch.autograd.backward is ORIGINAL_BACKWARD
 
 
 def test_unguarded_the_nan_reaches_the_weights():

@@ -9,8 +9,9 @@ Lightning's and ignite's NaN terminators stop the run without saying where; AMP'
 ``GradScaler`` skips such steps silently.
 Affected: any torch version, any optimizer (torch's global optimizer step hooks).
 Upstream: pytorch/pytorch#160016 (a cheaper NaN finder).
-Remedy: at each ``optimizer.step()``, one fused check (``torch._foreach_norm`` and one
-sync) for non-finite gradients: ``observe`` names the parameters, ``fix`` skips that step
+Remedy: at each ``optimizer.step()``, one fused check (AMP's non-finite kernel with a
+scale of 1.0, which leaves the values as they are, and one sync) for non-finite
+gradients: ``observe`` names the parameters, ``fix`` skips that step
 (weights and optimizer state untouched, as GradScaler does), ``strict`` raises before the
 weights change. After the first non-finite step, the next few backward passes are
 recorded (anomaly mode's forward tracebacks, with ``check_nan=False``) to name the
@@ -20,6 +21,7 @@ first steps, a parameter that never gets a gradient while others do is named onc
 
 from __future__ import annotations
 
+import math
 import sys
 
 from autograd_guard._grad_probe import BackwardProbe, parameter_names
@@ -66,6 +68,7 @@ class GradHealth(Guard):
         self._skipped: dict[int, list[tuple[Any, Any]]] = {}  # optimizer id -> stashed grads
         self._probe: BackwardProbe | None = None
         self._localized = False
+        self._flags: dict[Any, tuple[Any, Any]] = {}  # device -> (found_inf, scale 1.0)
 
     def _on_import(self, module: ModuleType) -> None:
         import weakref
@@ -136,12 +139,10 @@ class GradHealth(Guard):
         if not with_grad:
             return
         grads = [p.grad._values() if p.grad.is_sparse else p.grad for p in with_grad]
-        norms = torch._foreach_norm(grads)
-        device = norms[0].device
-        total = torch.stack([n.to(device, torch.float32) for n in norms])
-        if bool(torch.isfinite(total).all()):  # the one device sync of a healthy step
+        if self._all_finite(torch, grads):
             return
-        bad = [p for p, ok in zip(with_grad, torch.isfinite(total).tolist(), strict=True) if not ok]
+        finite = [bool(torch.isfinite(g).all()) for g in grads]  # only on a bad step
+        bad = [p for p, ok in zip(with_grad, finite, strict=True) if not ok]
         names = parameter_names(bad)
         what = f"non-finite gradient in {len(bad)} parameter(s): {', '.join(names)}"
         self._arm_probe()
@@ -153,6 +154,30 @@ class GradHealth(Guard):
             self._skipped[id(optimizer)] = [(p, p.grad) for p in with_grad]
             for p in with_grad:
                 p.grad = None
+
+    def _all_finite(self, torch: Any, grads: list[Any]) -> bool:
+        """One fused check: AMP's non-finite kernel (GradScaler's), scale 1.0, one flag
+        per device, then one sync. Falls back to one _foreach_norm for dtypes it lacks."""
+        device = grads[0].device
+        if any(g.device != device for g in grads):
+            return all(
+                self._all_finite(torch, [g for g in grads if g.device == d])
+                for d in {g.device for g in grads}
+            )
+        flags = self._flags.get(device)
+        if flags is None:
+            flags = self._flags[device] = (
+                torch.zeros(1, device=device),
+                torch.ones(1, device=device),
+            )
+        found, one = flags
+        found.zero_()
+        try:
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
+        except RuntimeError:  # a dtype the kernel lacks
+            norms = torch._foreach_norm(grads)
+            return math.isfinite(torch.stack(norms).sum(dtype=torch.float64).item())
+        return not found.item()  # the one device sync of a healthy step
 
     def _arm_probe(self) -> None:
         if self._probe is None and not self._localized and self.config["localize_steps"]:
