@@ -30,7 +30,7 @@ def when_imported(name: str, hook: Hook) -> None:
         STATE.hooks.setdefault(name, []).append(hook)
         _ensure_finder()
     module = sys.modules.get(name)
-    if module is not None and not _initialising(module):
+    if module is not None and not initialising(module):
         hook(module)
 
 
@@ -48,7 +48,7 @@ def watched() -> list[str]:
         return sorted(STATE.hooks)
 
 
-def _initialising(module: ModuleType) -> bool:
+def initialising(module: ModuleType) -> bool:
     spec = getattr(module, "__spec__", None)
     return bool(getattr(spec, "_initializing", False))
 

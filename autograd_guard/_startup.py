@@ -48,6 +48,8 @@ def _install_then_run_hooks(module: ModuleType) -> None:
     with STATE.import_lock:
         STATE.hooks.clear()  # the plan's own hooks
     install_now()
+    if not _importer.initialising(module):
+        return  # imported before the start: the install's own hooks have run already
     with STATE.import_lock:
         hooks = list(STATE.hooks.get(module.__name__, ()))
     for hook in hooks:
@@ -59,7 +61,12 @@ def _plan_key() -> str:
     from autograd_guard import __version__
 
     settings = [os.environ.get(name, "") for name in _environment.VARIABLES]
-    return "\0".join([package, __version__, os.getcwd(), *settings])
+    guards = os.path.join(os.path.dirname(package), "guards")
+    try:  # a guard module added or removed (an editable install) changes the folder
+        layout = str(os.stat(guards).st_mtime_ns)
+    except OSError:
+        layout = ""
+    return "\0".join([package, __version__, layout, os.getcwd(), *settings])
 
 
 def _fingerprint() -> list[list[Any]]:

@@ -186,3 +186,21 @@ def test_ddp_ranks_report_each_their_own(tmp_path):
     lost = [e for e in events if e["action"] == "lost_gradient"]
     assert sorted(e["rank"] for e in lost) == ["0", "1"]
     assert all(e["parameters"] == ["module.0.weight", "module.0.bias"] for e in lost)
+
+
+def test_a_broken_check_leaves_the_step_as_it_is_unguarded(monkeypatch):
+    from autograd_guard.guards import grad_health
+
+    def broken(self, torch, grads):
+        raise KeyError("broken")
+
+    monkeypatch.setattr(grad_health.GradHealth, "_all_finite", broken)
+    autograd_guard.install({})
+    w = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([w], lr=0.5)
+    with capture_events() as events:
+        w.sum().backward()
+        optimizer.step()
+    assert torch.equal(w.detach(), torch.full((3,), 0.5))  # the step ran as unguarded
+    [event] = events
+    assert event["action"] == "guard_error" and "KeyError" in event["error"]

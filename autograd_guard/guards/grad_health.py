@@ -25,7 +25,7 @@ import math
 import sys
 
 from autograd_guard._grad_probe import BackwardProbe, parameter_names
-from autograd_guard._guard import Guard, Option
+from autograd_guard._guard import Guard, GuardError, Option
 from autograd_guard._wrapper import find_callsite
 
 TYPE_CHECKING = False
@@ -92,17 +92,28 @@ class GradHealth(Guard):
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.active:
             return None
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if self.config["lost_steps"]:
-            self._track_lost(optimizer, params)
-        if self.config["nonfinite"]:
-            self._check_finite(optimizer, params)
+        try:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if self.config["lost_steps"]:
+                self._track_lost(optimizer, params)
+            if self.config["nonfinite"]:
+                self._check_finite(optimizer, params)
+        except GuardError:
+            raise  # strict: the step must not run
+        except Exception as exc:  # fail open: the optimizer steps as it would unguarded
+            self.fail("step check", exc)
         return None
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         stashed = self._skipped.pop(id(optimizer), None)
         for param, grad in stashed or ():
             param.grad = grad  # the skipped step is over: the user's gradients come back
+        try:
+            self._probe_step_done()
+        except Exception as exc:  # fail open
+            self.fail("after step", exc)
+
+    def _probe_step_done(self) -> None:
         if self._probe is not None:
             self._probe.step_done()
             if not self._probe.armed:
