@@ -96,7 +96,7 @@ def measure(steps: int = 50, count: int = 15) -> list[Row]:
         ),
         Row(
             "grad",
-            "the same MLP, batch 1024 (a ~3 ms step here): guarded vs bare",
+            "the same MLP, batch 1024 (a 2-3 ms step): guarded vs bare",
             large["bare"],
             large["guarded"],
             "ms",
