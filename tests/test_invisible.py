@@ -91,6 +91,10 @@ import torch
 def smooth(x):
     return x * 2
 
+
+def rank_worker(rank, fn, out):
+    torch.save(fn(torch.full((1,), float(rank))), f"{out}/{rank}.pt")
+
 class Holder(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -153,6 +157,13 @@ def test_spawned_workers_receive_a_guarded_function(pickled):
         assert [t.item() for t in pool.map(pickled.smooth, [torch.ones(1)] * 3)] == [2.0] * 3
     with ProcessPoolExecutor(1, mp_context=context) as executor:
         assert executor.submit(pickled.smooth, torch.ones(1)).result().item() == 2.0
+
+
+def test_torch_multiprocessing_spawn_passes_a_guarded_function(pickled, tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(pickled.rank_worker, args=(pickled.smooth, str(tmp_path)), nprocs=2)
+    assert [torch.load(tmp_path / f"{r}.pt").item() for r in (0, 1)] == [0.0, 2.0]
 
 
 # -- targets that are not functions -------------------------------------------------------
