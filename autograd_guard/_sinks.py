@@ -129,7 +129,8 @@ class _Sink:
         import stat
 
         try:
-            fd = os.open(self.dest, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
+            fd = os.open(self.dest, flags, 0o644)
         except OSError as exc:
             self._give_up(exc.strerror or str(exc))
             return None
@@ -137,7 +138,8 @@ class _Sink:
             os.close(fd)
             self._give_up("not a regular file")
             return None
-        os.set_blocking(fd, True)
+        if hasattr(os, "set_blocking"):  # not on every platform
+            os.set_blocking(fd, True)
         self.fd = fd
         return fd
 
