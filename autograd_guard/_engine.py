@@ -80,7 +80,7 @@ def _start(guard_class: type[Guard], policy: Policy) -> None:
     for target in targets:
         _hook_target(guard, target)
     for name in guard.modules:
-        _importer.when_imported(name, _fail_open(guard, guard.module_imported))
+        _importer.when_imported(name, guard.module_imported)  # fails open itself
 
 
 def _hook_target(guard: Guard, target: Target) -> None:

@@ -1,10 +1,12 @@
-"""Helpers of the ``grad_health`` guard: naming parameters, and a short-lived probe that
-finds the backward op which first produced a non-finite gradient.
+"""Helpers of the ``grad_health`` guard: the fused finiteness check, naming parameters,
+and a short-lived probe that finds the backward op which first produced a non-finite
+gradient.
 
 The probe costs nothing until it is armed (after a non-finite step). Armed, it turns on
 anomaly mode with ``check_nan=False`` (forward tracebacks are recorded in each node's
 metadata, nothing raises) and, for each ``backward()``, hooks every node of the graph to
-look at what it returns; then it puts everything back.
+look at what it returns (flags kept on the device, read with one sync per device after
+the pass); after a few passes it puts everything back.
 """
 
 from __future__ import annotations
@@ -17,6 +19,38 @@ if TYPE_CHECKING:
     from typing import Any
 
 _OWN = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_HOOKED = "autograd_guard_probe"  # node metadata key: the node has the probe's hook
+
+
+def all_finite(grads: list[Any], flags: dict[Any, tuple[Any, Any]] | None = None) -> bool:
+    """Whether every tensor in ``grads`` is finite: one fused kernel (GradScaler's
+    non-finite check, with a scale of 1.0, so the values stay as they are) and one sync.
+    ``flags`` caches the kernel's two one-element tensors per device."""
+    torch = sys.modules["torch"]
+    device = grads[0].device
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return True  # no sync is allowed inside a CUDA graph capture
+    pair = flags.get(device) if flags is not None else None
+    if pair is None:
+        pair = (torch.zeros(1, device=device), torch.ones(1, device=device))
+        if flags is not None:
+            flags[device] = pair
+    found, one = pair
+    found.zero_()
+    try:
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
+    except (RuntimeError, TypeError):  # several devices, sparse or complex gradients
+        return _all_finite_each(torch, grads)
+    return not found.item()
+
+
+def _all_finite_each(torch: Any, grads: list[Any]) -> bool:
+    """The general path: one ``isfinite().all()`` per tensor, one sync per device."""
+    by_device: dict[Any, list[Any]] = {}
+    for grad in grads:
+        values = grad._values() if grad.is_sparse else grad
+        by_device.setdefault(values.device, []).append(torch.isfinite(values).all())
+    return all(bool(torch.stack(found).all()) for found in by_device.values())
 
 
 def parameter_names(params: list[Any]) -> list[str]:
@@ -38,12 +72,15 @@ def parameter_names(params: list[Any]) -> list[str]:
 
 
 class BackwardProbe:
-    """Records up to ``steps`` backward passes to find where a non-finite value appeared."""
+    """Records up to ``passes`` backward passes to find where a non-finite value appeared."""
 
-    def __init__(self, steps: int) -> None:
-        self.remaining = steps
+    def __init__(self, passes: int) -> None:
+        self.passes = passes
+        self.recorded = 0
         self.armed = False
         self.origin: tuple[str, str] | None = None  # (backward op, forward file:line)
+        self.error: Exception | None = None  # the probe's own failure, for the guard
+        self._pending: list[tuple[Any, list[Any]]] = []  # (node, its output flags), in order
         self._backward: Any = None
         self._patched: Any = None
         self._anomaly: Any = None
@@ -66,25 +103,73 @@ class BackwardProbe:
         torch.autograd.set_detect_anomaly(*self._anomaly)
         self.armed = False
 
-    def step_done(self) -> None:
-        self.remaining -= 1
-        if self.remaining <= 0 or self.origin is not None:
+    def step_done(self) -> bool:
+        """An optimizer step is over; True once the probe is done (and disarmed)."""
+        if self.origin is not None or self.recorded >= self.passes or self.error is not None:
             self.disarm()
+        return not self.armed
 
     def _probed_backward(self, tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self.armed or self.origin is not None or self.recorded >= self.passes:
+            return self._backward(tensors, *args, **kwargs)
         torch = sys.modules["torch"]
         roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-        if self.origin is None:
+        try:
             for node in _graph([t.grad_fn for t in roots if t.grad_fn is not None]):
-                node.register_hook(self._checker(node))
-        return self._backward(tensors, *args, **kwargs)
+                if node.metadata.get(_HOOKED) != id(self):
+                    node.metadata[_HOOKED] = id(self)
+                    node.register_hook(self._checker(node))
+        except Exception as exc:
+            self.error = exc
+        try:
+            return self._backward(tensors, *args, **kwargs)
+        finally:
+            self.recorded += 1
+            pending, self._pending = self._pending, []
+            try:
+                self.origin = _first_nonfinite(torch, pending)
+            except Exception as exc:
+                self.error = exc
 
     def _checker(self, node: Any) -> Any:
+        torch = sys.modules["torch"]
+
         def check(grad_inputs: Any, grad_outputs: Any) -> None:
-            if self.origin is None and not _finite(grad_inputs) and _finite(grad_outputs):
-                self.origin = (type(node).__name__, _forward_line(node))
+            # Nodes run in topological order: the first one whose output is not finite,
+            # all of whose inputs came from nodes before it, made the value.
+            if not self.armed or self.origin is not None:
+                return
+            try:
+                flags = [
+                    torch.isfinite(g).all()
+                    for g in grad_inputs
+                    if g is not None and (g.is_floating_point() or g.is_complex())
+                ]
+                if flags:
+                    self._pending.append((node, flags))
+            except Exception as exc:
+                self.error = exc
 
         return check
+
+
+def _first_nonfinite(torch: Any, pending: list[tuple[Any, list[Any]]]) -> tuple[str, str] | None:
+    """The first node in ``pending`` with a non-finite output, read with one sync per device."""
+    flat = [flag for _, flags in pending for flag in flags]
+    by_device: dict[Any, list[int]] = {}
+    for index, flag in enumerate(flat):
+        by_device.setdefault(flag.device, []).append(index)
+    finite = [True] * len(flat)
+    for indices in by_device.values():
+        values = torch.stack([flat[i] for i in indices]).tolist()
+        for i, value in zip(indices, values, strict=True):
+            finite[i] = value
+    index = 0
+    for node, flags in pending:
+        if not all(finite[index : index + len(flags)]):
+            return type(node).__name__, _forward_line(node)
+        index += len(flags)
+    return None
 
 
 def _graph(roots: list[Any]) -> list[Any]:
@@ -98,13 +183,6 @@ def _graph(roots: list[Any]) -> list[Any]:
         nodes.append(node)
         todo.extend(next_node for next_node, _ in node.next_functions)
     return nodes
-
-
-def _finite(grads: Any) -> bool:
-    torch = sys.modules["torch"]
-    return all(
-        g is None or not g.is_floating_point() or bool(torch.isfinite(g).all()) for g in grads
-    )
 
 
 def _forward_line(node: Any) -> str:

@@ -21,6 +21,10 @@ A guard overrides only the hooks: ``risky``, ``check_for``, ``handle`` and the p
 ``_targets``, ``_needed``, ``_traced``, ``_on_instrument``. The engine calls the public
 methods (``targets_to_wrap``, ``verdict``, ``instrument``, ``wrapper_for``), which call
 those hooks, as OpenTelemetry's ``instrument()`` calls ``_instrument()``.
+
+A guard that wraps nothing (torch's global optimizer hooks) names ``modules``: on each
+one's import the engine calls ``module_imported`` (version gate, then ``_on_import``);
+``uninstall()`` calls ``detach`` (``_on_uninstall``). Both fail open.
 """
 
 from __future__ import annotations
@@ -85,8 +89,7 @@ class Guard:
     upstream: ClassVar[str] = ""
     remedy: ClassVar[str] = ""
     targets: ClassVar[tuple[Target, ...]] = ()
-    # Modules whose import starts a guard that wraps nothing (global torch hooks): the
-    # engine calls module_imported(), which calls _on_import(); uninstall calls detach().
+    # Modules whose import starts a guard that wraps nothing (see the module docstring).
     modules: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[dict[str, Option]] = {}
     rule_action: ClassVar[str] = ""
@@ -229,13 +232,18 @@ class Guard:
         return needed, f"{where}; {word} (affected: {self.affected or 'all versions'})"
 
     def module_imported(self, module: ModuleType) -> None:
-        """Called once a module of ``modules`` is imported: gate on the version, hook in."""
-        self.read_version()
-        if not self._needed():
-            self.state = f"not needed for {self.installed_as} {self.version}"
-            return
-        self._on_import(module)
-        self.state = f"hooked into {module.__name__}"
+        """A module of ``modules`` is imported (or already was): gate on the version, hook
+        in. Inside the user's import: a failure is reported, never raised (strict aside)."""
+        try:
+            self.read_version()
+            if not self._needed():
+                self.state = f"not needed for {self.installed_as} {self.version}"
+                return
+            self._on_import(module)
+            self.state = f"hooked into {module.__name__}"
+        except Exception as exc:
+            self.state = f"error: {exc!r}"
+            self.fail("hook", exc)
 
     def detach(self) -> None:
         """Undo ``_on_import`` (at uninstall); a failure is reported, never raised."""

@@ -90,15 +90,20 @@ def sqrt_line() -> str:
     return f"{__file__}:{start + next(i for i, s in enumerate(lines) if '# SQRT' in s)}"
 
 
+def adam_state(optimizer, w):
+    return {k: v.clone() for k, v in optimizer.state[w].items()}
+
+
 def test_fix_skips_the_step_and_names_the_op_and_the_forward_line():
     w, optimizer = nan_loop(1)
-    after_one = w.detach().clone()
-    state_steps = float(optimizer.state[w]["step"])
+    after_one, state = w.detach().clone(), adam_state(optimizer, w)
     autograd_guard.install({})
     with capture_events() as events:
         w, optimizer = nan_loop(4)
     assert torch.isfinite(w).all() and torch.equal(w.detach(), after_one)
-    assert float(optimizer.state[w]["step"]) == state_steps  # Adam's state untouched
+    after = adam_state(optimizer, w)  # step count and both moments untouched
+    assert after.keys() == state.keys() == {"step", "exp_avg", "exp_avg_sq"}
+    assert all(torch.equal(after[k], state[k]) for k in state)
     assert w.grad is not None and not torch.isfinite(w.grad).all()  # the user's gradient
     first, origin = events
     assert first["action"] == "nonfinite_gradient" and "step skipped" in first["event"]
@@ -132,8 +137,14 @@ def test_strict_raises_before_the_weights_change():
 
 
 def test_uninstall_removes_the_hooks():
+    from torch.optim import optimizer as optim
+
+    before = (len(optim._global_optimizer_pre_hooks), len(optim._global_optimizer_post_hooks))
     autograd_guard.install({})
+    assert len(optim._global_optimizer_pre_hooks) == before[0] + 1
     autograd_guard.uninstall()
+    after = (len(optim._global_optimizer_pre_hooks), len(optim._global_optimizer_post_hooks))
+    assert after == before
     with capture_events() as events:
         w, _ = nan_loop(3)
     assert not torch.isfinite(w).all() and events == []
@@ -191,10 +202,10 @@ def test_ddp_ranks_report_each_their_own(tmp_path):
 def test_a_broken_check_leaves_the_step_as_it_is_unguarded(monkeypatch):
     from autograd_guard.guards import grad_health
 
-    def broken(self, torch, grads):
+    def broken(grads, flags=None):
         raise KeyError("broken")
 
-    monkeypatch.setattr(grad_health.GradHealth, "_all_finite", broken)
+    monkeypatch.setattr(grad_health, "all_finite", broken)
     autograd_guard.install({})
     w = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.SGD([w], lr=0.5)
@@ -204,3 +215,147 @@ def test_a_broken_check_leaves_the_step_as_it_is_unguarded(monkeypatch):
     assert torch.equal(w.detach(), torch.full((3,), 0.5))  # the step ran as unguarded
     [event] = events
     assert event["action"] == "guard_error" and "KeyError" in event["error"]
+
+
+def test_a_step_with_a_closure_is_checked_after_the_closure_ran():
+    # The gradients of a closure step exist only inside step(); checked before it, the
+    # NaN would reach the weights and be seen one step late.
+    w = torch.nn.Parameter(torch.full((3,), 2.0))
+    optimizer = torch.optim.Adam([w], lr=0.1)
+
+    def closure(scale):
+        optimizer.zero_grad()
+        loss = torch.sqrt(((w - 1) * scale).pow(2).sum()) + w.sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(lambda: closure(1.0))
+    before, state = w.detach().clone(), adam_state(optimizer, w)
+    autograd_guard.install({})
+    with capture_events() as events:
+        optimizer.step(lambda: closure(0.0))  # positional
+        optimizer.step(closure=lambda: closure(0.0))  # by keyword
+    assert torch.equal(w.detach(), before)
+    assert all(torch.equal(adam_state(optimizer, w)[k], state[k]) for k in state)
+    assert [e["action"] for e in events][:1] == ["nonfinite_gradient"]
+    assert events[0]["parameters"] == ["<unnamed (3,)>"]  # a bare tensor has no module
+
+
+def test_localising_counts_backward_passes_not_steps():
+    # The step that finds the NaN has already run its backward: a single recorded pass
+    # must still be the next one.
+    autograd_guard.install({"guards": {"grad_health": {"localize_steps": 1}}})
+    with capture_events() as events:
+        nan_loop(3)
+    assert [e.get("op") for e in events] == [None, "SqrtBackward0"]
+
+
+class Norm(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.lin(x).pow(2).sum(1).pow(0.5)  # POW: d/dx at an exact zero is inf
+
+
+def test_the_op_and_line_inside_a_module_are_named_once_in_observe():
+    import inspect
+
+    net = Norm()
+    torch.nn.init.zeros_(net.lin.weight)
+    torch.nn.init.zeros_(net.lin.bias)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    autograd_guard.install({"mode": "observe"})
+    with capture_events() as events:
+        for _ in range(6):
+            optimizer.zero_grad()
+            net(torch.ones(2, 3)).sum().backward()
+            optimizer.step()
+    first, origin = events  # six bad steps: each event once
+    assert first["parameters"] == ["lin.weight", "lin.bias"]
+    lines, start = inspect.getsourcelines(Norm)
+    line = start + next(i for i, s in enumerate(lines) if "# POW" in s)
+    assert origin["op"] == "PowBackward0" and origin["forward"] == f"{__file__}:{line}"
+    assert not torch.is_anomaly_enabled() and torch.autograd.backward is ORIGINAL_BACKWARD
+
+
+def test_gradscaler_steps_are_left_to_gradscaler():
+    # A scaled loss overflows on purpose now and then; GradScaler skips those steps itself
+    # (fused Adam gets the scaled gradients and the inf flag): no event.
+    for fused in (False, True):
+        autograd_guard.install({"mode": "strict"})
+        w = torch.nn.Parameter(torch.ones(3))
+        optimizer = torch.optim.Adam([w], lr=0.1, fused=fused)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+        with capture_events() as events:
+            for step in range(4):
+                optimizer.zero_grad()
+                scaler.scale((w * (1e35 if step == 1 else 1.0)).sum()).backward()
+                scaler.step(optimizer)
+                scaler.update()
+        assert events == [] and float(optimizer.state[w]["step"]) == 3
+        autograd_guard.uninstall()
+
+
+def test_dtypes_large_finite_values_and_sparse_gradients_are_silent():
+    autograd_guard.install({"mode": "strict"})
+    params = [
+        torch.nn.Parameter(torch.ones(4, dtype=dtype))
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    ]
+    embedding = torch.nn.Embedding(10, 3, sparse=True)
+    dense, sparse = (
+        torch.optim.SGD(params, lr=1e-40),
+        torch.optim.SparseAdam(list(embedding.parameters())),
+    )
+    with capture_events() as events:
+        for _ in range(6):
+            loss = sum((p.float() * 1e30).sum() for p in params[:2])  # a huge, finite grad
+            (loss + sum(p.float().sum() for p in params[2:])).backward()
+            embedding(torch.tensor([1, 2])).sum().backward()
+            dense.step()
+            sparse.step()
+    assert events == []
+
+
+def test_a_nan_in_a_sparse_gradient_is_found():
+    autograd_guard.install({"mode": "strict"})
+    embedding = torch.nn.Embedding(10, 3, sparse=True)
+    optimizer = torch.optim.SparseAdam(list(embedding.parameters()))
+    before = embedding.weight.detach().clone()
+    (embedding(torch.tensor([1, 2])) * float("nan")).sum().backward()
+    with pytest.raises(autograd_guard.GuardError, match="non-finite gradient in weight"):
+        optimizer.step()
+    assert torch.equal(embedding.weight.detach(), before)
+
+
+def test_observe_names_the_parameters_once_per_call_site(monkeypatch):
+    from autograd_guard.guards import grad_health
+
+    scans = []
+    monkeypatch.setattr(grad_health, "parameter_names", lambda ps: scans.append(ps) or ["w"])
+    autograd_guard.install({"mode": "observe", "guards": {"grad_health": {"lost_steps": 0}}})
+    nan_loop(6)  # five NaN steps at one call site: one scan of the live objects
+    assert len(scans) == 1
+
+
+GUARDED_NAN_LOOP = """
+import torch
+w = torch.nn.Parameter(torch.full((3,), 2.0))
+optimizer = torch.optim.Adam([w], lr=0.1)
+for step in range(3):
+    optimizer.zero_grad()
+    torch.sqrt((w * 0).pow(2).sum()).backward()
+    optimizer.step()
+print("finite", bool(torch.isfinite(w).all()))
+"""
+
+
+def test_on_by_default_when_the_guard_is_on(guard_python, tmp_path):
+    unguarded = run_python(guard_python, GUARDED_NAN_LOOP, tmp_path)
+    assert "finite False" in unguarded.stdout
+    guarded = run_python(guard_python, GUARDED_NAN_LOOP, tmp_path, AUTOGRAD_GUARD="1")
+    assert "finite True" in guarded.stdout
+    assert "[grad_health/nonfinite_gradient]" in guarded.stderr
+    assert "<string>:8" in guarded.stderr  # the optimizer.step() line

@@ -9,27 +9,26 @@ Lightning's and ignite's NaN terminators stop the run without saying where; AMP'
 ``GradScaler`` skips such steps silently.
 Affected: any torch version, any optimizer (torch's global optimizer step hooks).
 Upstream: pytorch/pytorch#160016 (a cheaper NaN finder).
-Remedy: at each ``optimizer.step()``, one fused check (AMP's non-finite kernel with a
-scale of 1.0, which leaves the values as they are, and one sync) for non-finite
-gradients: ``observe`` names the parameters, ``fix`` skips that step
-(weights and optimizer state untouched, as GradScaler does), ``strict`` raises before the
-weights change. After the first non-finite step, the next few backward passes are
-recorded (anomaly mode's forward tracebacks, with ``check_nan=False``) to name the
-backward op that first produced the value and the forward line that created it. Over the
-first steps, a parameter that never gets a gradient while others do is named once.
+Remedy: at each ``optimizer.step()`` (after its closure, if it has one), one fused check
+(AMP's non-finite kernel with a scale of 1.0, which leaves the values as they are, and
+one sync) for non-finite gradients: ``observe`` names the parameters, ``fix`` skips that
+step (weights and optimizer state untouched, as GradScaler does), ``strict`` raises before
+the weights change. Steps that GradScaler hands to a fused optimizer are GradScaler's to
+skip. After the first non-finite step, the next few backward passes are recorded (anomaly
+mode's forward tracebacks, with ``check_nan=False``) to name the backward op that first
+produced the value and the forward line that created it. Over the first steps, a
+parameter that never gets a gradient while others do is named once.
 """
 
 from __future__ import annotations
 
-import math
-import sys
-
-from autograd_guard._grad_probe import BackwardProbe, parameter_names
+from autograd_guard._grad_probe import BackwardProbe, all_finite, parameter_names
 from autograd_guard._guard import Guard, GuardError, Option
-from autograd_guard._wrapper import find_callsite
+from autograd_guard._wrapper import argument, find_callsite
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import ModuleType
     from typing import Any
 
@@ -66,6 +65,7 @@ class GradHealth(Guard):
         self._handles: list[Any] = []
         self._seen: Any = None  # optimizer -> (steps, ids of parameters that had a gradient)
         self._skipped: dict[int, list[tuple[Any, Any]]] = {}  # optimizer id -> stashed grads
+        self._described: set[tuple[str, str]] = set()  # (action, call site) named already
         self._probe: BackwardProbe | None = None
         self._localized = False
         self._flags: dict[Any, tuple[Any, Any]] = {}  # device -> (found_inf, scale 1.0)
@@ -89,36 +89,53 @@ class GradHealth(Guard):
 
     # -- the hooks ---------------------------------------------------------------------
 
-    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         if not self.active:
             return None
+        self._skipped.pop(id(optimizer), None)  # left by a step that raised
+        closure = argument(args, kwargs, "closure", 1)
+        if closure is None:
+            self._check(optimizer, kwargs, first=True)
+            return None
+        # The gradients exist only once the closure has run inside step(): check then.
+        checked = self._after_closure(optimizer, closure, kwargs)
+        if len(args) > 1:
+            return (args[0], checked, *args[2:]), kwargs
+        return args, {**kwargs, "closure": checked}
+
+    def _after_closure(self, optimizer: Any, closure: Any, kwargs: Any) -> Callable[[], Any]:
+        calls = [0]
+
+        def closure_then_check() -> Any:
+            loss = closure()
+            calls[0] += 1
+            if self.active:
+                self._check(optimizer, kwargs, first=calls[0] == 1)
+            return loss
+
+        return closure_then_check
+
+    def _check(self, optimizer: Any, kwargs: Any, first: bool) -> None:
         try:
             params = [p for group in optimizer.param_groups for p in group["params"]]
-            if self.config["lost_steps"]:
+            if first and self.config["lost_steps"]:
                 self._track_lost(optimizer, params)
-            if self.config["nonfinite"]:
+            if self.config["nonfinite"] and not _scaler_decides(optimizer, kwargs):
                 self._check_finite(optimizer, params)
         except GuardError:
             raise  # strict: the step must not run
         except Exception as exc:  # fail open: the optimizer steps as it would unguarded
             self.fail("step check", exc)
-        return None
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         stashed = self._skipped.pop(id(optimizer), None)
         for param, grad in stashed or ():
             param.grad = grad  # the skipped step is over: the user's gradients come back
-        try:
-            self._probe_step_done()
-        except Exception as exc:  # fail open
-            self.fail("after step", exc)
-
-    def _probe_step_done(self) -> None:
         if self._probe is not None:
-            self._probe.step_done()
-            if not self._probe.armed:
-                self._report_origin(self._probe)
-                self._probe = None
+            try:
+                self._probe_step_done(self._probe)
+            except Exception as exc:  # fail open
+                self.fail("after step", exc)
 
     # -- lost gradients ----------------------------------------------------------------
 
@@ -134,10 +151,11 @@ class GradHealth(Guard):
         lost = [p for p in params if p.requires_grad and id(p) not in had_grad]
         if lost:
             names = parameter_names(lost)
-            self._emit_once(
+            self.emit(
                 f"{len(lost)} parameter(s) got no gradient in the first {steps} steps while "
                 f"others did: {', '.join(names)}",
                 action="lost_gradient",
+                callsite=_step_site(),
                 parameters=names,
                 shapes=[list(p.shape) for p in lost],
             )
@@ -145,71 +163,55 @@ class GradHealth(Guard):
     # -- non-finite gradients ----------------------------------------------------------
 
     def _check_finite(self, optimizer: Any, params: list[Any]) -> None:
-        torch = sys.modules["torch"]
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads or all_finite(grads, self._flags):
+            return
         with_grad = [p for p in params if p.grad is not None]
-        if not with_grad:
-            return
-        grads = [p.grad._values() if p.grad.is_sparse else p.grad for p in with_grad]
-        if self._all_finite(torch, grads):
-            return
-        finite = [bool(torch.isfinite(g).all()) for g in grads]  # only on a bad step
-        bad = [p for p, ok in zip(with_grad, finite, strict=True) if not ok]
-        names = parameter_names(bad)
-        what = f"non-finite gradient in {len(bad)} parameter(s): {', '.join(names)}"
         self._arm_probe()
+        action, site = "nonfinite_gradient", _step_site()
+        names = None  # named (one scan of live modules) once per call site, or in strict
+        if self.mode == "strict" or (action, site) not in self._described:
+            self._described.add((action, site))
+            names = parameter_names([p for p in with_grad if not all_finite([p.grad])])
+        what = f"non-finite gradient in {', '.join(names or ['some parameters'])}"
         if self.mode == "strict":
-            self.refuse(what, action="nonfinite_gradient", callsite=_step_site(), parameters=names)
+            self.refuse(what, action=action, callsite=site, parameters=names)
         done = "; optimizer step skipped, weights unchanged" if self.mode == "fix" else ""
-        self._emit_once(what + done, action="nonfinite_gradient", parameters=names)
+        self.emit(what + done, action=action, callsite=site, parameters=names)
         if self.mode == "fix":  # the optimizer skips parameters without a gradient
             self._skipped[id(optimizer)] = [(p, p.grad) for p in with_grad]
             for p in with_grad:
                 p.grad = None
 
-    def _all_finite(self, torch: Any, grads: list[Any]) -> bool:
-        """One fused check: AMP's non-finite kernel (GradScaler's), scale 1.0, one flag
-        per device, then one sync. Falls back to one _foreach_norm for dtypes it lacks."""
-        device = grads[0].device
-        if any(g.device != device for g in grads):
-            return all(
-                self._all_finite(torch, [g for g in grads if g.device == d])
-                for d in {g.device for g in grads}
-            )
-        flags = self._flags.get(device)
-        if flags is None:
-            flags = self._flags[device] = (
-                torch.zeros(1, device=device),
-                torch.ones(1, device=device),
-            )
-        found, one = flags
-        found.zero_()
-        try:
-            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
-        except RuntimeError:  # a dtype the kernel lacks
-            norms = torch._foreach_norm(grads)
-            return math.isfinite(torch.stack(norms).sum(dtype=torch.float64).item())
-        return not found.item()  # the one device sync of a healthy step
+    # -- where it came from ------------------------------------------------------------
 
     def _arm_probe(self) -> None:
         if self._probe is None and not self._localized and self.config["localize_steps"]:
             self._probe = BackwardProbe(self.config["localize_steps"])
             self._probe.arm()
 
-    def _report_origin(self, probe: BackwardProbe) -> None:
-        self._localized = True
-        if probe.origin is None:
+    def _probe_step_done(self, probe: BackwardProbe) -> None:
+        if not probe.step_done():
             return
-        op, line = probe.origin
-        self._emit_once(
-            f"the non-finite gradient first came out of {op} in backward(), for the "
-            f"forward operation at {line}",
-            action="nonfinite_origin",
-            op=op,
-            forward=line,
-        )
+        self._probe, self._localized = None, True
+        if probe.error is not None:
+            self.fail("localise", probe.error)
+        elif probe.origin is not None:
+            op, line = probe.origin
+            self.emit(
+                f"the non-finite gradient first came out of {op} in backward(), for the "
+                f"forward operation at {line}",
+                action="nonfinite_origin",
+                callsite=_step_site(),
+                op=op,
+                forward=line,
+            )
 
-    def _emit_once(self, event: str, *, action: str, **fields: Any) -> None:
-        self.emit(event, action=action, callsite=_step_site(), **fields)
+
+def _scaler_decides(optimizer: Any, kwargs: Any) -> bool:
+    """GradScaler handed this step to an optimizer that unscales and skips inf steps itself
+    (fused Adam/AdamW/SGD): the gradients are still scaled, and an inf is expected."""
+    return "grad_scaler" in kwargs or getattr(optimizer, "found_inf", None) is not None
 
 
 def _step_site() -> str:
