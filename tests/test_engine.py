@@ -286,3 +286,68 @@ def test_install_from_environment_with_an_invalid_policy_runs_unguarded(
     _engine.install_from_environment({"AUTOGRAD_GUARD": "strict"})  # no exit here
     assert "a program that imports torch stops there" in capsys.readouterr().err
     assert "torch" in autograd_guard.status()["watching"]
+
+
+class HookGuard(Guard):
+    """Wraps nothing: hooks into toy_pkg.core when it is imported."""
+
+    name = "toy_hooks"
+    modules = ("toy_pkg.core",)
+    options = {"fail_in": Option(str, "", choices=("", "import", "uninstall"))}
+    calls: list[str] = []
+
+    def _on_import(self, module):
+        if self.config["fail_in"] == "import":
+            raise KeyError("import broke")
+        self.calls.append(f"import {module.__name__}")
+
+    def _on_uninstall(self):
+        self.calls.append("uninstall")
+        if self.config["fail_in"] == "uninstall":
+            raise KeyError("uninstall broke")
+
+
+@pytest.fixture
+def hook_guard(toy):
+    HookGuard.calls = []
+    guards.register(HookGuard)
+    yield HookGuard.calls
+    guards.unregister(HookGuard)
+
+
+@pytest.mark.parametrize("imported_first", [False, True])
+def test_a_guard_without_targets_gets_module_imported_and_detach(hook_guard, imported_first):
+    if imported_first:
+        import toy_pkg.core
+    autograd_guard.install({})
+    import toy_pkg.core  # noqa: F401
+
+    assert hook_guard == ["import toy_pkg.core"]
+    assert autograd_guard.status()["guards"]["toy_hooks"]["state"] == "hooked into toy_pkg.core"
+    autograd_guard.uninstall()
+    assert hook_guard == ["import toy_pkg.core", "uninstall"]
+
+
+@pytest.mark.parametrize("stage", ["import", "uninstall"])
+def test_a_failing_module_hook_never_breaks_the_import(hook_guard, stage):
+    autograd_guard.install({"guards": {"toy_hooks": {"fail_in": stage}}})
+    with capture_events() as events:
+        import toy_pkg.core
+
+        assert toy_pkg.core.compute(2) == 4
+        autograd_guard.uninstall()
+    [event] = events
+    assert event["action"] == "guard_error" and event["guard"] == "toy_hooks"
+    assert event["callsite"] == ("hook:KeyError" if stage == "import" else "detach:KeyError")
+
+
+def test_a_module_hook_is_gated_on_the_version(hook_guard, monkeypatch):
+    from importlib.metadata import version
+
+    monkeypatch.setattr(HookGuard, "distribution", "packaging")
+    monkeypatch.setattr(HookGuard, "affected", f"<{version('packaging')}")
+    autograd_guard.install({})
+    import toy_pkg.core  # noqa: F401
+
+    assert hook_guard == []
+    assert "not needed for packaging" in autograd_guard.status()["guards"]["toy_hooks"]["state"]
