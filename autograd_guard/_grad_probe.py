@@ -5,8 +5,8 @@ gradient.
 The probe costs nothing until it is armed (after a non-finite step). Armed, it turns on
 anomaly mode with ``check_nan=False`` (forward tracebacks are recorded in each node's
 metadata, nothing raises) and, for each ``backward()``, hooks every node of the graph to
-look at what it returns (flags kept on the device, read with one sync per device after
-the pass); after a few passes it puts everything back.
+look at what it returns (a float64 sum per gradient, kept on the device and read with one
+sync per device after the pass); after a few passes it puts everything back.
 """
 
 from __future__ import annotations
@@ -24,9 +24,21 @@ _HOOKED = "autograd_guard_probe"  # node metadata key: the node has the probe's 
 
 def all_finite(grads: list[Any], flags: dict[Any, tuple[Any, Any]] | None = None) -> bool:
     """Whether every tensor in ``grads`` is finite: one fused kernel (GradScaler's
-    non-finite check, with a scale of 1.0, so the values stay as they are) and one sync.
-    ``flags`` caches the kernel's two one-element tensors per device."""
+    non-finite check, with a scale of 1.0, so the values stay as they are) and one sync
+    per device. ``flags`` caches the kernel's two one-element tensors per device."""
     torch = sys.modules["torch"]
+    try:
+        return _fused_finite(torch, grads, flags)
+    except (RuntimeError, TypeError):  # several devices, sparse or complex gradients
+        by_device: dict[Any, list[Any]] = {}
+        for grad in grads:
+            dense = grad._values() if grad.is_sparse else grad
+            dense = torch.view_as_real(dense) if dense.is_complex() else dense
+            by_device.setdefault(dense.device, []).append(dense)
+        return all(_fused_finite(torch, group, flags) for group in by_device.values())
+
+
+def _fused_finite(torch: Any, grads: list[Any], flags: dict[Any, tuple[Any, Any]] | None) -> bool:
     device = grads[0].device
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return True  # no sync is allowed inside a CUDA graph capture
@@ -37,20 +49,8 @@ def all_finite(grads: list[Any], flags: dict[Any, tuple[Any, Any]] | None = None
             flags[device] = pair
     found, one = pair
     found.zero_()
-    try:
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
-    except (RuntimeError, TypeError):  # several devices, sparse or complex gradients
-        return _all_finite_each(torch, grads)
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
     return not found.item()
-
-
-def _all_finite_each(torch: Any, grads: list[Any]) -> bool:
-    """The general path: one ``isfinite().all()`` per tensor, one sync per device."""
-    by_device: dict[Any, list[Any]] = {}
-    for grad in grads:
-        values = grad._values() if grad.is_sparse else grad
-        by_device.setdefault(values.device, []).append(torch.isfinite(values).all())
-    return all(bool(torch.stack(found).all()) for found in by_device.values())
 
 
 def parameter_names(params: list[Any]) -> list[str]:
@@ -140,17 +140,25 @@ class BackwardProbe:
             if not self.armed or self.origin is not None:
                 return
             try:
-                flags = [
-                    torch.isfinite(g).all()
-                    for g in grad_inputs
-                    if g is not None and (g.is_floating_point() or g.is_complex())
-                ]
-                if flags:
-                    self._pending.append((node, flags))
+                sums = [_sum(torch, g) for g in grad_inputs if g is not None]
+                if sums:
+                    self._pending.append((node, sums))
             except Exception as exc:
                 self.error = exc
 
         return check
+
+
+def _sum(torch: Any, grad: Any) -> Any:
+    """A sum, not finite when ``grad`` is not (or, for a finite gradient, when its sum
+    passes 3e38): one read of the tensor, several times cheaper than ``isfinite().all()``.
+    Half precisions are summed in float32, whose range a sum of them cannot pass."""
+    values = grad._values() if grad.is_sparse else grad
+    if values.is_complex():
+        values = torch.view_as_real(values)
+    if values.element_size() < 4:
+        return values.sum(dtype=torch.float32)
+    return values.sum()
 
 
 def _first_nonfinite(torch: Any, pending: list[tuple[Any, list[Any]]]) -> tuple[str, str] | None:
@@ -161,7 +169,7 @@ def _first_nonfinite(torch: Any, pending: list[tuple[Any, list[Any]]]) -> tuple[
         by_device.setdefault(flag.device, []).append(index)
     finite = [True] * len(flat)
     for indices in by_device.values():
-        values = torch.stack([flat[i] for i in indices]).tolist()
+        values = torch.stack([flat[i] for i in indices]).isfinite().tolist()
         for i, value in zip(indices, values, strict=True):
             finite[i] = value
     index = 0
