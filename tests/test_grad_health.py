@@ -119,9 +119,14 @@ def test_unguarded_the_nan_reaches_the_weights():
 
 
 def test_observe_logs_and_changes_nothing():
+    bare, bare_optimizer = nan_loop(4)
     autograd_guard.install({"mode": "observe"})
     with capture_events() as events:
-        w, _ = nan_loop(4)
+        w, optimizer = nan_loop(4)
+    same = dict(rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(w, bare, **same)
+    torch.testing.assert_close(w.grad, bare.grad, **same)
+    torch.testing.assert_close(adam_state(optimizer, w), adam_state(bare_optimizer, bare), **same)
     assert not torch.isfinite(w).all()
     assert [e["action"] for e in events][:1] == ["nonfinite_gradient"]
 
@@ -155,21 +160,33 @@ import json, os, sys, torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.backbone, self.head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+
+    def forward(self, x, zero):
+        out = self.head(self.backbone(x).detach())  # the backbone never trains
+        return out + torch.sqrt((out * zero).pow(2).sum())  # zero: NaN gradient
+
 def worker(rank, log):
     os.environ.update(RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
     import autograd_guard
     autograd_guard.install({"log": log})
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    torch.manual_seed(rank)
-    backbone, head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(backbone, head))
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(Net(), find_unused_parameters=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(6):
+    for step in range(8):
         optimizer.zero_grad()
-        x = torch.randn(8, 4)
-        loss = model.module[1](model.module[0](x).detach()).pow(2).mean()
-        loss.backward()
+        zero = 0.0 if step == 6 and rank == 1 else 1.0  # one rank's NaN, all-reduced
+        model(torch.randn(8, 4), zero).pow(2).mean().backward()
         optimizer.step()
+    weights = [p.detach().clone() for p in model.parameters()]
+    gathered = [None, None]
+    dist.all_gather_object(gathered, weights)
+    assert all(torch.isfinite(w).all() for w in weights)
+    assert all(torch.equal(a, b) for a, b in zip(*gathered))  # ranks in step
     dist.barrier()
     os._exit(0)  # leaves before gloo's teardown, which aborts on some runs
 
@@ -194,9 +211,14 @@ def test_ddp_ranks_report_each_their_own(tmp_path):
     )
     run_python(sys.executable, code, tmp_path, PYTHONPATH=":".join(sys.path))
     events = [json.loads(line) for line in log.read_text().splitlines()]
-    lost = [e for e in events if e["action"] == "lost_gradient"]
-    assert sorted(e["rank"] for e in lost) == ["0", "1"]
-    assert all(e["parameters"] == ["module.0.weight", "module.0.bias"] for e in lost)
+    by_action: dict[str, list[dict]] = {}
+    for event in events:
+        by_action.setdefault(event["action"], []).append(event)
+    lost, nonfinite = by_action.pop("lost_gradient"), by_action.pop("nonfinite_gradient")
+    assert by_action.keys() <= {"nonfinite_origin"}
+    assert sorted(e["rank"] for e in lost) == sorted(e["rank"] for e in nonfinite) == ["0", "1"]
+    assert all(e["parameters"] == ["module.backbone.weight", "module.backbone.bias"] for e in lost)
+    assert all(e["parameters"] == ["module.head.weight", "module.head.bias"] for e in nonfinite)
 
 
 def test_a_broken_check_leaves_the_step_as_it_is_unguarded(monkeypatch):
