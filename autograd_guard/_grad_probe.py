@@ -30,12 +30,14 @@ def all_finite(grads: list[Any], flags: dict[Any, tuple[Any, Any]] | None = None
     try:
         return _fused_finite(torch, grads, flags)
     except (RuntimeError, TypeError):  # several devices, sparse or complex gradients
+        for found, _ in (flags or {}).values():
+            found.zero_()  # a kernel stopped midway may have set it
         by_device: dict[Any, list[Any]] = {}
         for grad in grads:
             dense = grad._values() if grad.is_sparse else grad
             dense = torch.view_as_real(dense) if dense.is_complex() else dense
             by_device.setdefault(dense.device, []).append(dense)
-        return all(_fused_finite(torch, group, flags) for group in by_device.values())
+        return all(_fused_finite(torch, group, None) for group in by_device.values())
 
 
 def _fused_finite(torch: Any, grads: list[Any], flags: dict[Any, tuple[Any, Any]] | None) -> bool:
@@ -47,10 +49,12 @@ def _fused_finite(torch: Any, grads: list[Any], flags: dict[Any, tuple[Any, Any]
         pair = (torch.zeros(1, device=device), torch.ones(1, device=device))
         if flags is not None:
             flags[device] = pair
-    found, one = pair
-    found.zero_()
+    found, one = pair  # found stays 0 between healthy steps: no zero_() per step
     torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
-    return not found.item()
+    if not found.item():
+        return True
+    found.zero_()
+    return False
 
 
 def parameter_names(params: list[Any]) -> list[str]:

@@ -92,8 +92,9 @@ class GradHealth(Guard):
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         if not self.active:
             return None
-        self._skipped.pop(id(optimizer), None)  # left by a step that raised
-        closure = argument(args, kwargs, "closure", 1)
+        if self._skipped:
+            self._skipped.pop(id(optimizer), None)  # left by a step that raised
+        closure = argument(args, kwargs, "closure", 1) if len(args) > 1 or kwargs else None
         if closure is None:
             self._check(optimizer, kwargs, first=True)
             return None
@@ -128,9 +129,9 @@ class GradHealth(Guard):
             self.fail("step check", exc)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        stashed = self._skipped.pop(id(optimizer), None)
-        for param, grad in stashed or ():
-            param.grad = grad  # the skipped step is over: the user's gradients come back
+        if self._skipped:
+            for param, grad in self._skipped.pop(id(optimizer), ()):
+                param.grad = grad  # the skipped step is over: the user's gradients come back
         if self._probe is not None:
             try:
                 self._probe_step_done(self._probe)
