@@ -381,3 +381,26 @@ def test_on_by_default_when_the_guard_is_on(guard_python, tmp_path):
     assert "finite True" in guarded.stdout
     assert "[grad_health/nonfinite_gradient]" in guarded.stderr
     assert "<string>:8" in guarded.stderr  # the optimizer.step() line
+
+
+def test_under_torch_compile_the_check_runs_at_a_graph_break():
+    net = Norm()
+    torch.nn.init.zeros_(net.lin.weight)
+    torch.nn.init.zeros_(net.lin.bias)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    @torch.compile(backend="eager")
+    def step():
+        optimizer.zero_grad()
+        net(torch.ones(2, 3)).sum().backward()
+        optimizer.step()
+
+    autograd_guard.install({})
+    before = [p.detach().clone() for p in net.parameters()]
+    with capture_events() as events:
+        for _ in range(3):
+            step()
+    assert all(torch.equal(b, p) for b, p in zip(before, net.parameters(), strict=True))
+    assert [e["action"] for e in events] == ["nonfinite_gradient", "nonfinite_origin"]
+    assert events[0]["parameters"] == ["lin.weight", "lin.bias"]  # not Dynamo's own names
+    torch._dynamo.reset()

@@ -22,6 +22,8 @@ parameter that never gets a gradient while others do is named once.
 
 from __future__ import annotations
 
+import sys
+
 from autograd_guard._grad_probe import BackwardProbe, all_finite, parameter_names
 from autograd_guard._guard import Guard, GuardError, Option
 from autograd_guard._wrapper import argument, find_callsite
@@ -69,14 +71,20 @@ class GradHealth(Guard):
         self._probe: BackwardProbe | None = None
         self._localized = False
         self._flags: dict[Any, tuple[Any, Any]] = {}  # device -> (found_inf, scale 1.0)
+        self._check_eager: Callable[..., None] = self._check
 
     def _on_import(self, module: ModuleType) -> None:
         import weakref
 
         self._seen = weakref.WeakKeyDictionary()
+        # Under torch.compile the hooks run eagerly at a graph break: traced, the check's
+        # sync would fail and the step would go unchecked.
+        eager = getattr(getattr(sys.modules["torch"], "compiler", None), "disable", None)
+        eager = eager or (lambda fn: fn)
+        self._check_eager = eager(self._check)
         self._handles = [
-            module.register_optimizer_step_pre_hook(self._before_step),
-            module.register_optimizer_step_post_hook(self._after_step),
+            module.register_optimizer_step_pre_hook(eager(self._before_step)),
+            module.register_optimizer_step_post_hook(eager(self._after_step)),
         ]
 
     def _on_uninstall(self) -> None:
@@ -111,7 +119,7 @@ class GradHealth(Guard):
             loss = closure()
             calls[0] += 1
             if self.active:
-                self._check(optimizer, kwargs, first=calls[0] == 1)
+                self._check_eager(optimizer, kwargs, first=calls[0] == 1)
             return loss
 
         return closure_then_check
