@@ -95,6 +95,18 @@ class DiskCache:
             pass
 
 
+def path_fingerprint() -> list[list[Any]]:
+    """``[folder, mtime_ns]`` of each folder on ``sys.path``: installing or removing a
+    distribution changes its folder's mtime (what entry points and start plans depend on)."""
+    stamps: list[list[Any]] = []
+    for path in sys.path:
+        try:
+            stamps.append([path, os.stat(path or ".").st_mtime_ns])
+        except OSError:
+            continue
+    return stamps
+
+
 def _read(file: str | None) -> dict[str, Any]:
     """The file's entries, or none if it is missing, broken or of another schema."""
     if file is None:

@@ -35,13 +35,13 @@ def compiled_call(
         import torch
 
         return torch._dynamo.disable(proxy)  # type: ignore[no-any-return, no-untyped-call]
-    guard.emit(
-        f"{target} is traced by torch.compile(fullgraph=True), where this guard cannot "
-        "run: calls inside that graph are not guarded",
-        action="compiled_unguarded",
-        callsite=str(target),
-        target=str(target),
-        remedy="compile without fullgraph=True so that the guarded call runs eagerly",
+    _cannot_run(
+        guard,
+        target,
+        "compiled_unguarded",
+        "traced by torch.compile(fullgraph=True), where this guard cannot run: calls "
+        "inside that graph are not guarded",
+        "compile without fullgraph=True so that the guarded call runs eagerly",
     )
     return original
 
@@ -80,11 +80,22 @@ def remedy_report(guard: Guard, target: Target, action: str, what: str) -> Calla
 
 def scripted(guard: Guard, target: Target) -> None:
     """``torch.jit.script`` compiles the original's source, without the guard."""
+    _cannot_run(
+        guard,
+        target,
+        "scripted_unguarded",
+        "compiled by TorchScript, where this guard cannot run: calls in the scripted code "
+        "are not guarded",
+        "leave the guarded function out of torch.jit.script (torch.jit.ignore)",
+    )
+
+
+def _cannot_run(guard: Guard, target: Target, action: str, what: str, remedy: str) -> None:
+    """One event: ``target`` runs where the guard cannot, so those calls are unguarded."""
     guard.emit(
-        f"{target} is compiled by TorchScript, where this guard cannot run: calls in "
-        "the scripted code are not guarded",
-        action="scripted_unguarded",
+        f"{target} is {what}",
+        action=action,
         callsite=str(target),
         target=str(target),
-        remedy="leave the guarded function out of torch.jit.script (torch.jit.ignore)",
+        remedy=remedy,
     )

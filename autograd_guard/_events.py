@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
+from autograd_guard._sinks import STDERR
 from autograd_guard._state import STATE
 
 TYPE_CHECKING = False
@@ -17,8 +18,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     Listener = Callable[[dict[str, Any]], None]
-
-STDERR = "stderr"
 
 # Events that report no intervention: setup notes, the guard's own errors, the summary.
 NOT_INTERVENTIONS = frozenset(

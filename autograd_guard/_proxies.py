@@ -17,9 +17,10 @@ from typing import Any
 import wrapt
 
 
-class GuardedBoundFunction(wrapt.BoundFunctionWrapper):  # type: ignore[misc, type-arg]
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        return self.__wrapped__.__reduce_ex__(protocol)
+class _CopiedAsItself:
+    """Copies of a function are the function itself."""
+
+    __slots__ = ()  # no __dict__ descriptor of its own in front of the proxy's
 
     def __copy__(self) -> Any:
         return self
@@ -28,7 +29,12 @@ class GuardedBoundFunction(wrapt.BoundFunctionWrapper):  # type: ignore[misc, ty
         return self
 
 
-class GuardedFunction(wrapt.FunctionWrapper):  # type: ignore[misc, type-arg]
+class GuardedBoundFunction(_CopiedAsItself, wrapt.BoundFunctionWrapper):  # type: ignore[misc, type-arg]
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.__wrapped__.__reduce_ex__(protocol)
+
+
+class GuardedFunction(_CopiedAsItself, wrapt.FunctionWrapper):  # type: ignore[misc, type-arg]
     __bound_function_wrapper__ = GuardedBoundFunction
 
     def __init__(self, wrapped: Any, wrapper: Any) -> None:
@@ -60,12 +66,6 @@ class GuardedFunction(wrapt.FunctionWrapper):  # type: ignore[misc, type-arg]
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return self.__wrapped__.__qualname__
-
-    def __copy__(self) -> Any:
-        return self
-
-    def __deepcopy__(self, memo: Any) -> Any:
-        return self
 
 
 def _dynamo_fullgraph() -> bool:

@@ -11,10 +11,9 @@ that never imports a target pays for a few ``stat`` calls and one cache read.
 from __future__ import annotations
 
 import os
-import sys
 
 from autograd_guard import _environment, _importer
-from autograd_guard._cache import DiskCache
+from autograd_guard._cache import DiskCache, path_fingerprint
 from autograd_guard._state import STATE
 
 TYPE_CHECKING = False
@@ -69,16 +68,6 @@ def _plan_key() -> str:
     return "\0".join([package, __version__, layout, os.getcwd(), *settings])
 
 
-def _fingerprint() -> list[list[Any]]:
-    stamps: list[list[Any]] = []
-    for path in sys.path:
-        try:
-            stamps.append([path, os.stat(path or ".").st_mtime_ns])
-        except OSError:
-            continue
-    return stamps
-
-
 def _stamp(path: str) -> list[Any] | None:
     try:
         info = os.stat(path)
@@ -92,7 +81,7 @@ def _save_plan(key: str) -> None:
     files = [_stamp(path) for path in policy.files]
     if None in files or not policy.files:
         return  # a dict policy, or a file that went away: no plan
-    plan = {"files": files, "path": _fingerprint(), "modules": _importer.watched()}
+    plan = {"files": files, "path": path_fingerprint(), "modules": _importer.watched()}
     DiskCache.shared().put_plan(key, plan)
 
 
@@ -103,7 +92,7 @@ def _modules_if_valid(plan: Any) -> list[str] | None:
     files, modules = plan.get("files"), plan.get("modules")
     if not (isinstance(files, list) and files and isinstance(modules, list)):
         return None
-    if not all(isinstance(m, str) for m in modules) or plan.get("path") != _fingerprint():
+    if not all(isinstance(m, str) for m in modules) or plan.get("path") != path_fingerprint():
         return None
     if any(not isinstance(f, list) or not f or _stamp(f[0]) != f for f in files):
         return None

@@ -47,3 +47,17 @@ def reconstruct_stage1(target, steps=25):
         optimizer.step()
     return verts.detach(), loss.item()
 """
+
+
+def ipex_standin(site: Path, version: str) -> Path:
+    """Stand-in for intel-extension-for-pytorch (no +xpu wheel installs here): real
+    dist-info metadata of ``version`` and an empty module, in the folder ``site``."""
+    package = site / "intel_extension_for_pytorch"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f'__version__ = "{version}"\n')
+    info = site / f"intel_extension_for_pytorch-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: intel-extension-for-pytorch\nVersion: {version}\n"
+    )
+    return site

@@ -125,21 +125,19 @@ def test_invalid_policy_in_strict_stops_only_programs_that_import_torch(guard_py
     plain = run_python(guard_python, "print('ran')", project, AUTOGRAD_GUARD="1")
     assert plain.stdout == "ran\n"
     assert len(plain.stderr.splitlines()) == 1 and "speed: unknown key" in plain.stderr
-    pip = subprocess.run(
-        [str(guard_python), "-m", "pip", "--version"],
-        env=wheelenv.clean_environ(AUTOGRAD_GUARD="1"),
-        cwd=project,
-        capture_output=True,
-        text=True,
-    )
+
+    def module(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(guard_python), "-m", *argv],
+            env=wheelenv.clean_environ(AUTOGRAD_GUARD="1"),
+            cwd=project,
+            capture_output=True,
+            text=True,
+        )
+
+    pip = module("pip", "--version")
     assert pip.returncode == 0 and "pip" in pip.stdout
-    check = subprocess.run(
-        [str(guard_python), "-m", "autograd_guard.cli", "check"],
-        env=wheelenv.clean_environ(AUTOGRAD_GUARD="1"),
-        cwd=project,
-        capture_output=True,
-        text=True,
-    )
+    check = module("autograd_guard.cli", "check")
     assert check.returncode == 1 and "speed: unknown key" in check.stderr
     torch_user = run_python(
         guard_python,

@@ -12,7 +12,7 @@ import gsplat_standins
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import STAGE_SOURCE
+from helpers import STAGE_SOURCE, ipex_standin
 from pytorch3d.ops import taubin_smoothing
 from pytorch3d.structures import Meshes
 from pytorch3d.utils import ico_sphere
@@ -96,14 +96,7 @@ def snapshot_call(make_module):
 
 
 def ipex_call(make_module, tmp_path):
-    site = tmp_path / "ipex-site"
-    (site / "intel_extension_for_pytorch").mkdir(parents=True)
-    (site / "intel_extension_for_pytorch" / "__init__.py").write_text("")
-    info = site / "intel_extension_for_pytorch-2.1.20+xpu.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: intel-extension-for-pytorch\nVersion: 2.1.20+xpu\n"
-    )
+    site = ipex_standin(tmp_path / "ipex-site", "2.1.20+xpu")
     sys.path.insert(0, str(site))
     _versions.clear_cache()
     import intel_extension_for_pytorch  # noqa: F401

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import ipex_standin
 from torch import nn
 
 import autograd_guard
@@ -27,15 +28,7 @@ def ipex(tmp_path, monkeypatch):
     """Make a stand-in intel_extension_for_pytorch of the given version importable."""
 
     def make(version: str) -> None:
-        site = tmp_path / f"site-{version}"
-        package = site / "intel_extension_for_pytorch"
-        package.mkdir(parents=True)
-        (package / "__init__.py").write_text(f'__version__ = "{version}"\n')
-        info = site / f"intel_extension_for_pytorch-{version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: intel-extension-for-pytorch\nVersion: {version}\n"
-        )
+        site = ipex_standin(tmp_path / f"site-{version}", version)
         monkeypatch.syspath_prepend(str(site))
         _versions.clear_cache()
 

@@ -133,15 +133,10 @@ def entry_points() -> list[tuple[str, str, str]]:
     metadata. Cached against the mtimes of the folders on ``sys.path`` (installing or
     removing a distribution changes its folder's mtime).
     """
-    from autograd_guard._cache import DiskCache
+    from autograd_guard._cache import DiskCache, path_fingerprint
 
-    fingerprint = []
-    for path in sys.path:
-        try:
-            fingerprint.append(f"{path}\0{os.stat(path or '.').st_mtime_ns}")
-        except OSError:
-            continue
-    key = "\n".join(fingerprint).encode("utf-8", "surrogateescape")
+    stamps = path_fingerprint()
+    key = "\n".join(f"{path}\0{mtime}" for path, mtime in stamps).encode("utf-8", "surrogateescape")
     cache = DiskCache.shared()
     cached = cache.get("<entry points>", key)
     rows = cached.get("entry_points") if cached else None
