@@ -8,15 +8,21 @@ from pathlib import Path
 import pytest
 import thirdparty
 import wheelenv
-from helpers import STAGE_SOURCE
+from helpers import ROOT, STAGE_SOURCE
 
 from autograd_guard import _engine
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The real libraries the guards protect (PyTorch3D's Python code, gsplat) are installed
+    """The matrix (noxfile.py) tests the installed wheel, never the checkout's package.
+
+    The real libraries the guards protect (PyTorch3D's Python code, gsplat) are installed
     once into .cache/thirdparty, each in a folder of its own, and put on sys.path before
     the test modules that import them are collected."""
+    if os.environ.get("AUTOGRAD_GUARD_TEST_INSTALLED") == "1":
+        package = Path(_engine.__file__).resolve()
+        if package.is_relative_to(ROOT):
+            raise pytest.UsageError(f"testing the checkout's package, not the wheel: {package}")
     thirdparty.import_pytorch3d()
     gsplat = str(thirdparty.install("gsplat"))
     if gsplat not in sys.path:

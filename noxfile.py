@@ -1,0 +1,135 @@
+"""The version matrix: every Python and torch our users run, one nox session per cell.
+
+    nox                         # every cell, then the README's table (nox -s table)
+    nox -s py3.10-torch2.1.2    # one cell
+    nox -s py3.10-torch2.1.2 -- tests/test_compile.py   # one cell, some tests
+
+Each cell builds the wheel, installs it (not editable) with the cell's torch into a venv
+of its own under ``.nox/``, and runs the suite against the installed package from outside
+the source tree's import path. Interpreters are the machine's ``python3.X``; where that is
+a pyenv shim with no version selected, the pyenv version folder is used directly. torch
+other than the pinned CPU wheel is a CUDA build from the index, run on the CPU; pip's own
+cache keeps one download per machine. Results go to ``.nox/results/<cell>.xml``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / ".nox" / "results"
+
+nox.options.default_venv_backend = "venv"
+nox.options.error_on_missing_interpreters = True
+nox.options.sessions = []  # filled below: every cell, then the table
+
+# cell name -> (Python, torch, pins that differ from constraints.txt)
+CELLS: dict[str, tuple[str, str, dict[str, str]]] = {
+    # torch < 2.3 is built against NumPy 1; its cpp_extension imports pkg_resources.packaging,
+    # which setuptools 70 removed.
+    "py3.10-torch2.1.2": ("3.10", "2.1.2", {"numpy": "1.26.4", "setuptools": "69.5.1"}),
+    "py3.10-torch2.4.1": ("3.10", "2.4.1", {"numpy": "2.2.6", "setuptools": "69.5.1"}),
+    "py3.12-torch2.6.0": ("3.12", "2.6.0", {"numpy": "2.2.6"}),
+    "py3.13-torch2.9.1": ("3.13", "2.9.1", {"numpy": "2.3.5"}),
+    "py3.11-torch2.13.0": ("3.11", "2.13.0", {}),  # the pinned cell: constraints.txt as is
+    "py3.13-torch2.15.0": ("3.13", "2.15.0", {}),  # the newest release the index serves
+}
+
+
+def interpreter(version: str) -> str:
+    """An absolute path to a working ``python{version}``."""
+    found = shutil.which(f"python{version}")
+    if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
+        return found
+    pyenv_root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    candidates = sorted(glob.glob(f"{pyenv_root}/versions/{version}.*/bin/python{version}"))
+    return candidates[-1] if candidates else f"python{version}"
+
+
+def cell_constraints(session: nox.Session, torch: str, pins: dict[str, str]) -> Path:
+    """constraints.txt with the cell's torch and pins, written into the session's venv."""
+    pins = {"torch": torch, **pins}
+    lines = []
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        name = line.split("==")[0].strip()
+        if name in pins:
+            line = f"{name}=={pins.pop(name)}"
+        lines.append(line)
+    lines += [f"{name}=={version}" for name, version in pins.items()]
+    path = Path(session.virtualenv.location) / "constraints.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_cell(session: nox.Session, name: str, torch: str, pins: dict[str, str]) -> None:
+    constraints = cell_constraints(session, torch, pins)
+    # Replaces any machine-wide pip constraint (a cap below the cell's torch) with the cell's.
+    env = {"PIP_CONSTRAINT": str(constraints)}
+    session.install("hatchling", "pip", env=env)
+    dist = Path(session.create_tmp()) / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    session.run(
+        "python", "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+        "-w", str(dist), str(ROOT),
+    )  # fmt: skip
+    wheel = next(dist.glob("autograd_guard-*.whl"))
+    session.install("--force-reinstall", "--no-deps", str(wheel), env=env)
+    session.install(f"{wheel}[test]", env=env)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    session.run(
+        "pytest",
+        f"--junitxml={RESULTS / name}.xml",
+        "-o", f"junit_suite_name={name}",
+        *session.posargs,
+        env={"AUTOGRAD_GUARD_TEST_INSTALLED": "1"},
+    )  # fmt: skip
+
+
+def _define(name: str, python: str, torch: str, pins: dict[str, str]) -> None:
+    @nox.session(name=name, python=interpreter(python))
+    def cell(session: nox.Session) -> None:
+        run_cell(session, name, torch, pins)
+
+    nox.options.sessions.append(name)
+
+
+for _name, (_python, _torch, _pins) in CELLS.items():
+    _define(_name, _python, _torch, _pins)
+
+
+@nox.session(python=False)
+def table(session: nox.Session) -> None:
+    """The README's matrix table, from the cells' last results."""
+    print(matrix_table())
+
+
+nox.options.sessions.append("table")
+
+
+def matrix_table() -> str:
+    rows = ["| cell (Python + torch) | passed | failed | skipped |", "|---|---|---|---|"]
+    for name, (python, torch, _) in CELLS.items():
+        path = RESULTS / f"{name}.xml"
+        if not path.exists():
+            rows.append(f"| {python} + {torch} | not run | | |")
+            continue
+        suite = ElementTree.parse(path).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        assert suite is not None
+        total, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
+        failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+        passed = total - skipped - failed
+        rows.append(f"| {python} + {torch} | {passed} | {failed} | {skipped} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(print(matrix_table()))
