@@ -76,7 +76,7 @@ def run_cell(session: nox.Session, name: str, torch: str, pins: dict[str, str]) 
     session.install("hatchling", "pip", env=env)
     dist = Path(session.create_tmp()) / "dist"
     shutil.rmtree(dist, ignore_errors=True)
-    session.run(
+    session.run_install(
         "python", "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
         "-w", str(dist), str(ROOT),
     )  # fmt: skip

@@ -1,9 +1,13 @@
 """The guards under ``torch.compile`` and TorchScript.
 
 A wrapt proxy passes for the original function, so Dynamo would trace the original's code
-past the guard. The proxy (see ``_proxies``) offers ``_torchdynamo_inline`` instead: the
-guard's traceable remedy (``Guard._traced``), else the guarded call run eagerly at a graph
-break, else, under ``fullgraph=True``, the original, said in one event.
+past the guard. Each proxy's type carries a ``_torchdynamo_inline`` function instead (see
+``_proxies``), which Dynamo traces in the proxy's place: it asks, while tracing, how the
+guarded call goes into the graph: the guard's traceable remedy (``Guard._traced``), else
+the guarded call run eagerly at a graph break, else, under ``fullgraph=True``, the
+original, said in one event. The question is answered by a function Dynamo runs rather
+than traces (``_dynamo_marked_constant``, as ``torch._dynamo.assume_constant_result``
+marks it), so that nothing of torch is imported before a compile needs it.
 """
 
 from __future__ import annotations
@@ -18,23 +22,57 @@ if TYPE_CHECKING:
     from autograd_guard._guard import Guard, Target
 
 _TRACED_IDS = iter(range(1 << 62))  # names the modules of traceable copies
+TRACED, EAGER, UNGUARDED = 0, 1, 2  # how a guarded call goes into a graph
 
 
-def compiled_call(
-    guard: Guard, target: Target, original: Callable[..., Any], proxy: Any, fullgraph: bool
-) -> Callable[..., Any]:
-    """What ``torch.compile`` traces in place of the wrapper."""
-    try:
-        traced = guard._traced(target, original) if guard.mode in ("observe", "fix") else None
-    except Exception as exc:
-        guard.fail("compile", exc)
-        traced = None
-    if traced is not None:
-        return traced
-    if not fullgraph:
-        import torch
+def make_inline(guard: Guard, target: Target, original: Callable[..., Any]) -> Callable[..., Any]:
+    """What torch.compile traces in place of the proxy of ``original``."""
+    inline = traceable(
+        _run_compiled, original=original, proxy=None, traced=None, eager=None, tried=False
+    )
+    state = inline.__globals__["compiled"]
 
-        return torch._dynamo.disable(proxy)  # type: ignore[no-any-return, no-untyped-call]
+    @_marked_constant
+    def how() -> int:
+        return _choose(guard, target, state)
+
+    state.how = how
+    return inline
+
+
+def bind_proxy(inline: Callable[..., Any], proxy: Any) -> None:
+    """The proxy that ``inline`` stands for (it runs eagerly at a graph break)."""
+    inline.__globals__["compiled"].proxy = proxy
+
+
+def _run_compiled(*args: Any, **kwargs: Any) -> Any:
+    how = compiled.how()  # type: ignore[name-defined]  # noqa: F821
+    if how == TRACED:
+        return compiled.traced(*args, **kwargs)  # type: ignore[name-defined]  # noqa: F821
+    if how == EAGER:
+        return compiled.eager(*args, **kwargs)  # type: ignore[name-defined]  # noqa: F821
+    return compiled.original(*args, **kwargs)  # type: ignore[name-defined]  # noqa: F821
+
+
+def _choose(guard: Guard, target: Target, state: Any) -> int:
+    """Runs while torch.compile traces a call of the guarded function."""
+    if state.eager is None:
+        state.eager = sys.modules["torch"]._dynamo.disable(_calling(state.proxy))
+    if not state.tried:
+        state.tried = True
+        try:
+            if guard.mode in ("observe", "fix"):
+                state.traced = guard._traced(target, state.original)
+            # a traced remedy may still run the guarded call at a graph break
+            namespace = getattr(state.traced, "__globals__", {}).get("compiled")
+            if namespace is not None:
+                namespace.eager = state.eager
+        except Exception as exc:
+            guard.fail("compile", exc)
+    if state.traced is not None:
+        return TRACED
+    if not dynamo_fullgraph():
+        return EAGER
     _cannot_run(
         guard,
         target,
@@ -43,7 +81,41 @@ def compiled_call(
         "inside that graph are not guarded",
         "compile without fullgraph=True so that the guarded call runs eagerly",
     )
-    return original
+    return UNGUARDED
+
+
+def _marked_constant(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Dynamo runs ``function`` while tracing, and puts its result in the graph as a
+    constant (what ``torch._dynamo.assume_constant_result`` does, without importing it)."""
+    function._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return function
+
+
+def _calling(proxy: Any) -> Callable[..., Any]:
+    """A plain function that calls ``proxy``: what runs at a graph break (Dynamo takes a
+    method's proxy, reached through the class, for a bound method)."""
+
+    def call_guarded(*args: Any, **kwargs: Any) -> Any:
+        return proxy(*args, **kwargs)
+
+    return call_guarded
+
+
+@_marked_constant
+def dynamo_fullgraph() -> bool:
+    """Whether torch.compile is tracing right now with ``fullgraph=True``."""
+    tracing = sys.modules.get("torch._dynamo.symbolic_convert")
+    current = getattr(getattr(tracing, "tls", None), "current_tx", None)
+    if current is None:  # torch < 2.2 keeps no current translator: find it on the stack
+        frame = sys._getframe(1)
+        while frame is not None and current is None:
+            candidate = frame.f_locals.get("self")
+            if hasattr(candidate, "one_graph") and hasattr(candidate, "instructions"):
+                current = candidate
+            frame = frame.f_back  # type: ignore[assignment]
+    return bool(
+        getattr(current, "one_graph", False) or getattr(current, "error_on_graph_break", False)
+    )
 
 
 def traceable(template: Callable[..., Any], **state: Any) -> Callable[..., Any]:
@@ -58,16 +130,18 @@ def traceable(template: Callable[..., Any], **state: Any) -> Callable[..., Any]:
     name = f"autograd_guard._traced_{template.__name__}_{next(_TRACED_IDS)}"
     module = types.ModuleType(name)
     module.__dict__.update(template.__globals__)
-    module.__dict__.update(__name__=name, compiled=types.SimpleNamespace(**state))
+    namespace = types.SimpleNamespace(**{"fullgraph": dynamo_fullgraph, "eager": None, **state})
+    module.__dict__.update(__name__=name, compiled=namespace)
     sys.modules[name] = module
     return types.FunctionType(template.__code__, module.__dict__, template.__name__)
 
 
-def remedy_report(guard: Guard, target: Target, action: str, what: str) -> Callable[[Any], None]:
-    """For traceable remedies: ``torch._dynamo.comptime`` this while tracing the remedy, to
-    log that it was compiled into a graph."""
+def remedy_report(guard: Guard, target: Target, action: str, what: str) -> Callable[[], None]:
+    """For traceable remedies: call this in the traced code to log, while torch.compile
+    traces the remedy, that it was compiled into a graph. Dynamo runs it rather than
+    traces it (``torch._dynamo.comptime`` is not run by torch < 2.2 in such code)."""
 
-    def report(_: Any = None) -> None:
+    def report() -> None:
         guard.emit(
             f"{what} (compiled into a torch.compile graph)",
             action=action,
@@ -75,7 +149,7 @@ def remedy_report(guard: Guard, target: Target, action: str, what: str) -> Calla
             target=str(target),
         )
 
-    return report
+    return _marked_constant(report)
 
 
 def scripted(guard: Guard, target: Target) -> None:

@@ -29,6 +29,7 @@ NOT_INTERVENTIONS = frozenset(
         "disabled",
         "over_byte_limit",
         "copy_back",
+        "failure_note",
         "compiled_unguarded",
         "scripted_unguarded",
         "summary",

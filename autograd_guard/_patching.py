@@ -60,10 +60,10 @@ def wrap(
         return result
 
 
-def _proxy_type() -> Any:
-    from autograd_guard._proxies import GuardedFunction  # imports wrapt: only when patching
+def _guarded_function(original: object, wrapper: Wrapper) -> Any:
+    from autograd_guard._proxies import guarded_function  # imports wrapt: only when patching
 
-    return GuardedFunction
+    return guarded_function(original, wrapper)
 
 
 def _replacement(original: object, wrapper: Wrapper) -> object:
@@ -71,13 +71,13 @@ def _replacement(original: object, wrapper: Wrapper) -> object:
     if isinstance(original, property):
         if original.fget is None:
             raise NotCallableTarget("a property without a getter")
-        getter = _proxy_type()(original.fget, wrapper)
+        getter = _guarded_function(original.fget, wrapper)
         return property(getter, original.fset, original.fdel, original.__doc__)
     if not callable(original) or isinstance(original, type):
         kind = type(original).__name__
         article = "an" if kind[:1] in "aeiou" else "a"
         raise NotCallableTarget(f"{article} {kind}, not a function")
-    return _proxy_type()(original, wrapper)
+    return _guarded_function(original, wrapper)
 
 
 def _is_ours(obj: object, wrapper: Wrapper) -> bool:

@@ -1,12 +1,13 @@
 """The proxies put in place of guarded functions: ``wrapt.FunctionWrapper`` made to pickle,
-copy and compile exactly like the original.
+copy, compile and script exactly like the original.
 
 A bare wrapt proxy refuses ``pickle`` ("object proxy must define __reduce_ex__()"), which
 breaks ``multiprocessing``, ``torch.save`` and ``deepcopy`` of anything that holds a
-guarded function. A function pickles by reference (module and qualified name), and
+guarded function. A function pickles by reference (module and the name that holds it), and
 unpickling that reference finds the wrapper again; a bound method pickles as
-``getattr(instance, name)``. Copies of a function are the function itself. Imported only
-when something is patched: wrapt costs ~65 ms without torch.
+``getattr(instance, name)``, one reached through its class (or a static method) as
+``getattr(cls, name)``. Copies of a function are the function itself. Imported only when
+something is patched: wrapt costs ~65 ms without torch.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 from typing import Any
 
 import wrapt
+
+from autograd_guard import _compiled
 
 
 class _CopiedAsItself:
@@ -30,48 +33,101 @@ class _CopiedAsItself:
 
 
 class GuardedBoundFunction(_CopiedAsItself, wrapt.BoundFunctionWrapper):  # type: ignore[misc, type-arg]
+    def __getattribute__(self, name: str) -> Any:
+        if name == "_torchdynamo_inline":
+            # Dynamo inlines type(obj).method, and may call it back through
+            # obj.method._torchdynamo_inline at a graph break: bound to obj.
+            parent, instance = self._self_parent, self._self_instance
+            inline = type(parent).__dict__.get(name)
+            if inline is not None and self._self_binding == "function":
+                return inline if instance is None else _bound_inline(inline, instance)
+        return super().__getattribute__(name)
+
     def __reduce_ex__(self, protocol: Any) -> Any:
+        instance = self._self_instance
+        if instance is None or self._self_binding == "staticmethod":
+            # reached through the class: the class's attribute, as a plain function would be
+            owner = instance if isinstance(instance, type) else _owner_class(self.__wrapped__)
+            if owner is not None:
+                return getattr, (owner, self.__wrapped__.__name__)
         return self.__wrapped__.__reduce_ex__(protocol)
 
 
 class GuardedFunction(_CopiedAsItself, wrapt.FunctionWrapper):  # type: ignore[misc, type-arg]
+    """Made by ``guarded_function``: each guarded target gets a subclass of its own, whose
+    ``_torchdynamo_inline`` class attribute is what torch.compile traces in its place."""
+
     __bound_function_wrapper__ = GuardedBoundFunction
 
-    def __init__(self, wrapped: Any, wrapper: Any) -> None:
-        super().__init__(wrapped, wrapper)
-        self._self_compiled: dict[bool, Any] = {}
-
-    @property
-    def _torchdynamo_inline(self) -> Any:
-        # torch.compile traces this function in place of the wrapper (a wrapt
-        # proxy passes for the original function, whose code Dynamo would trace
-        # past the guard). Read at every guard check: cached per fullgraph.
-        fullgraph = _dynamo_fullgraph()
-        inline = self._self_compiled.get(fullgraph)
-        if inline is None:
-            owner = getattr(self._self_wrapper, "_autograd_guard_compiled", None)
-            inline = owner(self.__wrapped__, self, fullgraph) if owner else None
-            inline = self._self_compiled[fullgraph] = inline or self.__wrapped__
-        return inline
+    def __getattribute__(self, name: str) -> Any:
+        if name == "_torchdynamo_inline":
+            # The plain function, never bound to the proxy: Dynamo reads it both ways
+            # (inspect.getattr_static and getattr) across torch versions.
+            inline = type(self).__dict__.get(name)
+            if inline is not None:
+                return inline
+        return super().__getattribute__(name)
 
     @property
     def _torchscript_modifier(self) -> Any:
-        # torch.jit.script compiles the original's source: say so, once.
+        # torch.jit.ignore/unused/export set this on the function: follow the original's.
+        modifier = getattr(self.__wrapped__, "_torchscript_modifier", None)
+        if modifier is not None:
+            return modifier
         report = getattr(self._self_wrapper, "_autograd_guard_scripted", None)
         if report is not None:
-            report()
+            report()  # torch.jit.script compiles the original's source: say so, once
         import torch
 
         return torch._jit_internal.FunctionModifiers.DEFAULT
 
+    @_torchscript_modifier.setter
+    def _torchscript_modifier(self, value: Any) -> None:
+        setattr(self.__wrapped__, "_torchscript_modifier", value)  # noqa: B010
+
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return self.__wrapped__.__qualname__
+        return _name_holding(self)
 
 
-def _dynamo_fullgraph() -> bool:
-    """Whether torch.compile is tracing right now with ``fullgraph=True``."""
-    tracing = sys.modules.get("torch._dynamo.symbolic_convert")
-    current = getattr(getattr(tracing, "tls", None), "current_tx", None)
-    return bool(
-        getattr(current, "one_graph", False) or getattr(current, "error_on_graph_break", False)
-    )
+def _bound_inline(inline: Any, instance: Any) -> Any:
+    import types
+
+    return types.MethodType(inline, instance)
+
+
+def guarded_function(original: Any, wrapper: Any) -> GuardedFunction:
+    """``original`` wrapped by ``wrapper``, in a proxy type of its own."""
+    inline = None
+    make_inline = getattr(wrapper, "_autograd_guard_inline", None)
+    if make_inline is not None:
+        inline = make_inline(original)
+    namespace = {"_torchdynamo_inline": inline} if inline is not None else {}
+    kind = type("GuardedFunction", (GuardedFunction,), namespace)
+    proxy: GuardedFunction = kind(original, wrapper)
+    if inline is not None:
+        _compiled.bind_proxy(inline, proxy)
+    return proxy
+
+
+def _name_holding(proxy: Any) -> str:
+    """The name that holds ``proxy`` in its function's module (an alias if need be)."""
+    wrapped = proxy.__wrapped__
+    qualname = getattr(wrapped, "__qualname__", None) or wrapped.__name__
+    module = sys.modules.get(getattr(wrapped, "__module__", None) or "")
+    found: Any = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if found is not proxy and module is not None:
+        for name, value in list(vars(module).items()):
+            if value is proxy:
+                return name
+    return str(qualname)
+
+
+def _owner_class(function: Any) -> Any:
+    """The class whose attribute ``function`` is, found from its qualified name."""
+    owner: Any = sys.modules.get(getattr(function, "__module__", None) or "")
+    parts = getattr(function, "__qualname__", "").split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part, None)
+    return owner if isinstance(owner, type) else None

@@ -233,9 +233,7 @@ def _mark(wrapper: Any, guard: Guard, target: Target) -> None:
     """What the patcher and the proxy read off a wrapper: its guard, and what to do when
     torch.compile or TorchScript meets it (see _proxies and _compiled)."""
     wrapper._autograd_guard_owner = guard.name
-    wrapper._autograd_guard_compiled = lambda original, proxy, fullgraph: _compiled.compiled_call(
-        guard, target, original, proxy, fullgraph
-    )
+    wrapper._autograd_guard_inline = lambda original: _compiled.make_inline(guard, target, original)
     wrapper._autograd_guard_scripted = lambda: _compiled.scripted(guard, target)
 
 

@@ -74,12 +74,9 @@ class GradMode(Guard):
     def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
         if _resumable(target) is not None:
             return None  # a generator or coroutine under torch.compile: run it eagerly
-        from torch._dynamo.comptime import comptime
-
         return _compiled.traceable(
             _grad_mode_traced,
             torch=sys.modules["torch"],
-            comptime=comptime,
             original=original,
             report=_compiled.remedy_report(
                 self, target, "enable_grad", "stage entered with grad off"
@@ -105,9 +102,18 @@ class GradMode(Guard):
         try:
             return call.proceed(args, kwargs)
         except RuntimeError as exc:
-            if NO_GRAD_MESSAGE in str(exc) and hasattr(exc, "add_note"):
-                exc.add_note(_note(str(call.target), fixed))
+            if NO_GRAD_MESSAGE in str(exc):
+                self._explain(call, exc, _note(str(call.target), fixed))
             raise
+
+    def _explain(self, call: Call, exc: BaseException, note: str) -> None:
+        """Add ``note`` to the exception (PEP 678); Python 3.10's traceback shows no notes,
+        so there the note is also an event."""
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+            return
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # as the PEP 678 backport
+        self.emit(note, action="failure_note", callsite=call.callsite, level="error")
 
     # -- generators and coroutines -------------------------------------------------------
 
@@ -129,10 +135,15 @@ compiled: Any = None  # the state of each traceable copy of the function below
 
 
 def _grad_mode_traced(*args: Any, **kwargs: Any) -> Any:
-    """What torch.compile traces in place of a stage: enable_grad inside the graph."""
+    """What torch.compile traces in place of a stage. Entered with grad off, the stage runs
+    eagerly, guarded, at a graph break: torch < 2.5 compiles a graph entered without grad
+    as an inference graph, whatever enable_grad it holds. Under fullgraph=True (no graph
+    break allowed), enable_grad goes into the graph."""
     if compiled.torch.is_grad_enabled():
         return compiled.original(*args, **kwargs)
-    compiled.comptime(compiled.report)
+    if not compiled.fullgraph():
+        return compiled.eager(*args, **kwargs)
+    compiled.report()
     if not compiled.fix:
         return compiled.original(*args, **kwargs)
     with compiled.torch.enable_grad():

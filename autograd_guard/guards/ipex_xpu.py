@@ -106,11 +106,8 @@ class IpexXpu(Guard):
     def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
         if target.qualname.endswith(".forward"):
             return None  # the cross-check re-runs eagerly: a graph break
-        from torch._dynamo.comptime import comptime
-
         state = {
             "torch": sys.modules["torch"],
-            "comptime": comptime,
             "original": original,
             "devices": tuple(self._devices),
             "fix": self.mode == "fix",
@@ -246,7 +243,7 @@ def _dropout_traced(*args: Any, **kwargs: Any) -> Any:
     inference = not compiled.torch.is_grad_enabled()
     if not (training and inference and tensor.device.type in compiled.devices):
         return compiled.original(*args, **kwargs)
-    compiled.comptime(compiled.report)
+    compiled.report()
     return tensor if compiled.fix else compiled.original(*args, **kwargs)
 
 
@@ -257,7 +254,7 @@ def _interpolate_traced(*args: Any, **kwargs: Any) -> Any:
     scale = kwargs.get("scale_factor", args[2] if len(args) > 2 else None)
     if mode != "bicubic" or scale is None or tensor.device.type not in compiled.devices:
         return compiled.original(*args, **kwargs)
-    compiled.comptime(compiled.report)
+    compiled.report()
     if not compiled.fix:
         return compiled.original(*args, **kwargs)
     if "input" in kwargs:
