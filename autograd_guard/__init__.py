@@ -2,7 +2,8 @@
 
 The ``autograd_guard.pth`` file imports this package at interpreter start when
 ``AUTOGRAD_GUARD`` is set, so it has no module-level imports: everything is loaded
-on first use.
+on first use. It is imported before pytest loads the package's plugin, so pytest must
+not try to rewrite it (its warning fails ``pytest -W error``): PYTEST_DONT_REWRITE.
 """
 
 from __future__ import annotations

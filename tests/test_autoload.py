@@ -282,3 +282,18 @@ def test_a_start_plan_of_the_wrong_shape_is_ignored(guard_python, project):
     assert run_python(guard_python, CALL_STAGE, project, AUTOGRAD_GUARD="1").stdout.startswith(
         "loss "
     )
+
+
+def test_pytest_with_warnings_as_errors_runs_with_the_guard_on(guard_python, project):
+    # The .pth imports the package before pytest loads its plugin from the same distribution.
+    (project / "test_user.py").write_text("def test_it():\n    assert 1 + 1 == 2\n")
+    for env in ({}, {"AUTOGRAD_GUARD": "1"}):
+        result = run_python(
+            guard_python,
+            "import sys, pytest; sys.exit(pytest.main(['-W', 'error', '-q', 'test_user.py']))",
+            project,
+            check=False,
+            **env,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "1 passed" in result.stdout
