@@ -45,7 +45,9 @@ scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
+    # No subnormals: a kernel compiled by inductor with -ffast-math (another test) flushes
+    # them process-wide, and hypothesis then refuses to generate them.
+    st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=False),
     odd_text,
     st.sampled_from(
         [
