@@ -31,12 +31,17 @@ def make_inline(guard: Guard, target: Target, original: Callable[..., Any]) -> C
         _run_compiled, original=original, proxy=None, traced=None, eager=None, tried=False
     )
     state = inline.__globals__["compiled"]
+    method = "." in target.qualname
 
     @_marked_constant
     def how() -> int:
         return _choose(guard, target, state)
 
-    state.how = how
+    @_marked_constant
+    def in_graph() -> bool:
+        return dynamo_fullgraph() or (method and not _method_graph_breaks_work())
+
+    state.how, state.in_graph = how, in_graph
     return inline
 
 
@@ -66,22 +71,36 @@ def _choose(guard: Guard, target: Target, state: Any) -> int:
             # a traced remedy may still run the guarded call at a graph break
             namespace = getattr(state.traced, "__globals__", {}).get("compiled")
             if namespace is not None:
-                namespace.eager = state.eager
+                namespace.eager, namespace.in_graph = state.eager, state.in_graph
         except Exception as exc:
             guard.fail("compile", exc)
     if state.traced is not None:
         return TRACED
-    if not dynamo_fullgraph():
+    if not state.in_graph():
         return EAGER
+    if dynamo_fullgraph():
+        what = "traced by torch.compile(fullgraph=True), where this guard cannot run"
+        remedy = "compile without fullgraph=True so that the guarded call runs eagerly"
+    else:  # see _method_graph_breaks_work
+        what = "a method traced by this torch's torch.compile, where this guard cannot run"
+        remedy = "call the method outside the compiled function, or use torch 2.14 or older"
     _cannot_run(
         guard,
         target,
         "compiled_unguarded",
-        "traced by torch.compile(fullgraph=True), where this guard cannot run: calls "
-        "inside that graph are not guarded",
-        "compile without fullgraph=True so that the guarded call runs eagerly",
+        f"{what}: calls inside that graph are not guarded",
+        remedy,
     )
     return UNGUARDED
+
+
+def _method_graph_breaks_work() -> bool:
+    """False where Dynamo (torch 2.15) rebuilds a method it inlined through
+    ``_torchdynamo_inline`` from the class's function at a graph break, calling it without
+    the instance (``WrapperUserMethodVariable`` has no ``reconstruct`` of its own)."""
+    functions = sys.modules.get("torch._dynamo.variables.functions")
+    method_variable = getattr(functions, "WrapperUserMethodVariable", None)
+    return method_variable is None or "reconstruct" in vars(method_variable)
 
 
 def _marked_constant(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -130,7 +149,7 @@ def traceable(template: Callable[..., Any], **state: Any) -> Callable[..., Any]:
     name = f"autograd_guard._traced_{template.__name__}_{next(_TRACED_IDS)}"
     module = types.ModuleType(name)
     module.__dict__.update(template.__globals__)
-    namespace = types.SimpleNamespace(**{"fullgraph": dynamo_fullgraph, "eager": None, **state})
+    namespace = types.SimpleNamespace(**{"in_graph": dynamo_fullgraph, "eager": None, **state})
     module.__dict__.update(__name__=name, compiled=namespace)
     sys.modules[name] = module
     return types.FunctionType(template.__code__, module.__dict__, template.__name__)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 _cache: dict[str, str | None] = {}
 
+# What the version matrix (noxfile.py) tests: the oldest and newest of each.
+SUPPORTED_PYTHON = ("3.10", "3.13")
+SUPPORTED_TORCH = ("2.1", "2.15")
+
 
 def installed_version(distribution: str) -> str | None:
     """The installed version of ``distribution``, or None when it is not installed."""
@@ -50,3 +54,25 @@ def is_affected(version: str | None, specifier: str) -> bool:
 
 def clear_cache() -> None:
     _cache.clear()
+
+
+def support_note(python: str, torch: str | None) -> str:
+    """Empty where ``python`` and ``torch`` are within the tested range, else a warning."""
+    from packaging.version import Version
+
+    def outside(version: str, bounds: tuple[str, str]) -> bool:
+        release = Version(version).release[:2]
+        low, high = (Version(bound).release for bound in bounds)
+        return not low <= release <= high
+
+    notes = []
+    if outside(python, SUPPORTED_PYTHON):
+        notes.append(f"Python {python}")
+    if torch is not None and outside(torch, SUPPORTED_TORCH):
+        notes.append(f"torch {torch}")
+    if not notes:
+        return ""
+    return (
+        f"untested: {' and '.join(notes)} (supported: Python {'-'.join(SUPPORTED_PYTHON)}, "
+        f"torch {'-'.join(SUPPORTED_TORCH)})"
+    )

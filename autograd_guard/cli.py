@@ -118,8 +118,14 @@ def doctor(_: argparse.Namespace) -> int:
 def _print_setup() -> None:
     from autograd_guard import __version__
 
-    print(f"python        {sys.version.split()[0]} ({sys.executable})")
-    print(f"torch         {_versions.installed_version('torch') or 'not installed'}")
+    python, torch = sys.version.split()[0], _versions.installed_version("torch")
+    print(f"python        {python} ({sys.executable})")
+    print(f"torch         {torch or 'not installed'}")
+    low, high = _versions.SUPPORTED_TORCH
+    print(f"supported     Python {'-'.join(_versions.SUPPORTED_PYTHON)}, torch {low}-{high}")
+    note = _versions.support_note(python, torch)
+    if note:
+        print(f"              {note}")
     print(f"autograd-guard {__version__}")
     pth = find_pth()
     if pth:

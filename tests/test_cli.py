@@ -21,6 +21,16 @@ def test_doctor(capsys, monkeypatch):
     assert "policy        preset default" in out
     assert "grad_mode          mode=off" in out
     assert ".pth" in out
+    assert "supported     Python 3.10-3.13, torch 2.1-2.15" in out
+    assert "untested" not in out  # the suite runs only on supported versions
+
+
+def test_versions_outside_the_matrix_are_named():
+    from autograd_guard._versions import support_note
+
+    assert support_note("3.10.13", "2.1.2") == support_note("3.13.0", "2.15.0+cu130") == ""
+    assert support_note("3.9.18", "2.13.0").startswith("untested: Python 3.9.18 (supported:")
+    assert "torch 2.0.1" in support_note("3.11.7", "2.0.1")
 
 
 def test_doctor_reports_an_invalid_policy(tmp_path, capsys):

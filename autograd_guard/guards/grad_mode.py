@@ -137,11 +137,11 @@ compiled: Any = None  # the state of each traceable copy of the function below
 def _grad_mode_traced(*args: Any, **kwargs: Any) -> Any:
     """What torch.compile traces in place of a stage. Entered with grad off, the stage runs
     eagerly, guarded, at a graph break: torch < 2.5 compiles a graph entered without grad
-    as an inference graph, whatever enable_grad it holds. Under fullgraph=True (no graph
-    break allowed), enable_grad goes into the graph."""
+    as an inference graph, whatever enable_grad it holds. Where no graph break can be
+    (fullgraph=True, see _compiled.make_inline), enable_grad goes into the graph."""
     if compiled.torch.is_grad_enabled():
         return compiled.original(*args, **kwargs)
-    if not compiled.fullgraph():
+    if not compiled.in_graph():
         return compiled.eager(*args, **kwargs)
     compiled.report()
     if not compiled.fix:
