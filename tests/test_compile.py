@@ -29,6 +29,10 @@ def writes(x):
 def pure(x):
     return x * 2
 
+@torch.jit.ignore
+def unscriptable(x):
+    return torch.from_numpy(x.numpy() * 2)
+
 class Fitter:
     def run(self, x, w):
         return (x * w).sum()
@@ -53,6 +57,7 @@ def stages(make_module):
         {"target": "compiled_stages:stage", "action": "enable_grad"},
         {"target": "compiled_stages:writes", "action": "snapshot", "check": "data"},
         {"target": "compiled_stages:pure", "action": "snapshot"},
+        {"target": "compiled_stages:unscriptable", "action": "snapshot"},
         {"target": "compiled_stages:Fitter.run", "action": "enable_grad"},
         {"target": "compiled_stages:Fitter.writes", "action": "snapshot", "check": "data"},
     ]
@@ -222,3 +227,17 @@ def test_torchscript_of_a_guarded_function_says_the_guard_cannot_run(stages):
     assert scripted(torch.ones(2)).tolist() == [3.0, 3.0]
     [event] = events
     assert event["action"] == "scripted_unguarded" and event["target"] == "compiled_stages:pure"
+
+
+def test_torchscript_keeps_jit_ignore_of_the_original_and_of_the_guarded_function(stages):
+    assert hasattr(stages.unscriptable, "__wrapped__")  # really guarded
+    torch.jit.ignore(stages.pure)  # ignored after it was guarded: the proxy takes it
+
+    class Model(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return stages.unscriptable(x) + stages.pure(x)
+
+    with capture_events() as events:
+        scripted = torch.jit.script(Model())  # both run in Python, guarded
+        assert scripted(torch.ones(2)).tolist() == [4.0, 4.0]
+    assert events == []

@@ -102,6 +102,16 @@ class Holder(torch.nn.Module):
 
     def step(self, x):
         return self.fn(x)
+
+    @staticmethod
+    def static_step(x):
+        return x * 3
+
+
+def _impl(x):
+    return x * 4
+
+alias = _impl  # exported under another name; the rule names the alias
 """
 
 
@@ -112,7 +122,7 @@ def pickled(make_module):
         {
             "rules": [
                 {"target": f"user_pickled:{t}", "action": "enable_grad"}
-                for t in ("smooth", "Holder.step")
+                for t in ("smooth", "Holder.step", "Holder.static_step", "alias")
             ]
         }
     )
@@ -146,6 +156,34 @@ def test_a_module_holding_a_guarded_function_saves_and_deep_copies(pickled, tmp_
     loaded = torch.load(tmp_path / "holder.pt", weights_only=False)
     assert loaded.fn is pickled.smooth
     assert copy.deepcopy(holder).fn is pickled.smooth
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_static_methods_methods_through_the_class_and_aliases_pickle(pickled, protocol):
+    Holder, x = pickled.Holder, torch.ones(1)
+    calls = [
+        (Holder.static_step, (x,)),
+        (Holder().static_step, (x,)),
+        (Holder.step, (Holder(), x)),
+        (pickled.alias, (x,)),
+    ]
+    for guarded, args in calls:
+        assert hasattr(guarded, "__wrapped__")  # really guarded
+        clone = pickle.loads(pickle.dumps(guarded, protocol))
+        assert clone(*args).item() == guarded(*args).item()
+    assert pickle.loads(pickle.dumps(pickled.alias, protocol)) is pickled.alias
+
+
+def test_spawned_workers_map_a_static_method_and_an_alias(pickled):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=context) as executor:
+        assert [t.item() for t in executor.map(pickled.Holder.static_step, [torch.ones(1)])] == [
+            3.0
+        ]
+        assert executor.submit(pickled.alias, torch.ones(1)).result().item() == 4.0
 
 
 def test_spawned_workers_receive_a_guarded_function(pickled):
