@@ -33,10 +33,10 @@ nox.options.sessions = []  # filled below: every cell, then the table
 
 # cell name -> (Python, torch, pins that differ from constraints.txt)
 CELLS: dict[str, tuple[str, str, dict[str, str]]] = {
-    # torch < 2.3 is built against NumPy 1; its cpp_extension imports pkg_resources.packaging,
+    # torch < 2.3 is built against NumPy 1; 2.1's cpp_extension imports pkg_resources.packaging,
     # which setuptools 70 removed.
     "py3.10-torch2.1.2": ("3.10", "2.1.2", {"numpy": "1.26.4", "setuptools": "69.5.1"}),
-    "py3.10-torch2.4.1": ("3.10", "2.4.1", {"numpy": "2.2.6", "setuptools": "69.5.1"}),
+    "py3.10-torch2.4.1": ("3.10", "2.4.1", {"numpy": "2.2.6"}),
     "py3.12-torch2.6.0": ("3.12", "2.6.0", {"numpy": "2.2.6"}),
     "py3.13-torch2.9.1": ("3.13", "2.9.1", {"numpy": "2.3.5"}),
     "py3.11-torch2.13.0": ("3.11", "2.13.0", {}),  # the pinned cell: constraints.txt as is
