@@ -26,6 +26,7 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / ".nox" / "results"
+TABLE_START, TABLE_END = "<!-- matrix table: nox -s table -->", "<!-- end of matrix table -->"
 
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
@@ -107,8 +108,14 @@ for _name, (_python, _torch, _pins) in CELLS.items():
 
 @nox.session(python=False)
 def table(session: nox.Session) -> None:
-    """The README's matrix table, from the cells' last results."""
-    print(matrix_table())
+    """The matrix table from the cells' last results, printed and put in the README."""
+    text = matrix_table()
+    print(text)
+    readme = ROOT / "README.md"
+    before, start, rest = readme.read_text().partition(TABLE_START)
+    _, end, after = rest.partition(TABLE_END)
+    if start and end:
+        readme.write_text(f"{before}{start}\n{text}\n{end}{after}")
 
 
 nox.options.sessions.append("table")
