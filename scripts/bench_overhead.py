@@ -23,7 +23,7 @@ from benchtable import Row, print_table
 
 from autograd_guard import _policy
 from autograd_guard._guard import Guard, Target
-from autograd_guard._proxies import GuardedFunction
+from autograd_guard._proxies import guarded_function
 from autograd_guard.guards import available
 
 
@@ -52,7 +52,7 @@ def compare(
 
 def wrap(guard: Guard, target: Target, function: Any) -> Any:
     # The proxy type the engine installs (it pickles, copies and compiles like the original).
-    return GuardedFunction(function, guard.wrapper_for(target))
+    return guarded_function(function, guard.wrapper_for(target))
 
 
 def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:
