@@ -45,9 +45,18 @@ def make_inline(guard: Guard, target: Target, original: Callable[..., Any]) -> C
     return inline
 
 
-def bind_proxy(inline: Callable[..., Any], proxy: Any) -> None:
-    """The proxy that ``inline`` stands for (it runs eagerly at a graph break)."""
+def bind_proxy(inline: Callable[..., Any], proxy: Any) -> Callable[..., Any]:
+    """The proxy that ``inline`` stands for (it runs eagerly at a graph break); returns
+    what ``torch.compile(proxy)`` compiles instead of the proxy (Dynamo unwraps
+    ``_torchdynamo_orig_callable``): a function that calls the proxy, so that the guard
+    goes into the graph as it does for a call from compiled code. Compiled directly, the
+    proxy would have the guard's own frames traced."""
     inline.__globals__["compiled"].proxy = proxy
+    return traceable(_enter_compiled, proxy=proxy)
+
+
+def _enter_compiled(*args: Any, **kwargs: Any) -> Any:
+    return compiled.proxy(*args, **kwargs)  # type: ignore[name-defined]  # noqa: F821
 
 
 def _run_compiled(*args: Any, **kwargs: Any) -> Any:

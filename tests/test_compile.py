@@ -241,3 +241,23 @@ def test_torchscript_keeps_jit_ignore_of_the_original_and_of_the_guarded_functio
         scripted = torch.jit.script(Model())  # both run in Python, guarded
         assert scripted(torch.ones(2)).tolist() == [4.0, 4.0]
     assert events == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fullgraph", [False, True])
+@pytest.mark.parametrize("kind", ["function", "method"])
+def test_compiling_the_guarded_function_itself(stages, backend, fullgraph, kind):
+    """torch.compile(guarded) compiles the original with the guard around it, as a call
+    from compiled code does; the guard's own frames are never traced."""
+    guarded = stages.stage if kind == "function" else stages.Fitter().run
+    compiled = torch.compile(guarded, backend=backend, fullgraph=fullgraph)
+    weights = torch.ones(3, requires_grad=True)
+    with capture_events() as events:
+        assert compiled(torch.ones(3), weights).requires_grad  # correct code: silent
+    assert events == []
+    with torch.no_grad(), capture_events() as events:
+        loss = compiled(torch.ones(3), weights)
+    assert [e["action"] for e in events] == ["enable_grad"]
+    if loss.requires_grad or _hand_written_enable_grad_survives(backend, fullgraph):
+        loss.backward()
+        assert weights.grad.tolist() == [1.0, 1.0, 1.0]
