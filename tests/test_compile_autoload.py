@@ -6,6 +6,7 @@ guarded; guarded, correct code prints what it prints unguarded, and nothing on s
 from __future__ import annotations
 
 import json
+import textwrap
 
 import pytest
 from helpers import run_python
@@ -59,6 +60,18 @@ def _program(*argv: str) -> str:
     )
 
 
+def _twin_runs(python, project, code):
+    """``code`` run unguarded, then guarded by the .pth; and the guarded run's events."""
+    unguarded = run_python(python, code, project, PYTHONPATH=str(project))
+    log = project / "events.jsonl"
+    guarded = run_python(
+        python, code, project, PYTHONPATH=str(project),
+        AUTOGRAD_GUARD="1", AUTOGRAD_GUARD_LOG=str(log),
+    )  # fmt: skip
+    lines = log.read_text().splitlines() if log.exists() else []
+    return unguarded, guarded, [json.loads(line) for line in lines]
+
+
 @pytest.fixture
 def compiled_project(tmp_path):
     (tmp_path / "compiled_stages.py").write_text(STAGES)
@@ -73,31 +86,21 @@ def test_correct_compiled_code_is_unchanged_and_silent(
     guard_python, compiled_project, kind, fullgraph
 ):
     code = _program(kind, "1" if fullgraph else "0", "1")
-    unguarded = run_python(guard_python, code, compiled_project, PYTHONPATH=str(compiled_project))
-    log = compiled_project / "events.jsonl"
-    guarded = run_python(
-        guard_python, code, compiled_project, PYTHONPATH=str(compiled_project),
-        AUTOGRAD_GUARD="1", AUTOGRAD_GUARD_LOG=str(log),
-    )  # fmt: skip
+    unguarded, guarded, events = _twin_runs(guard_python, compiled_project, code)
     assert json.loads(unguarded.stdout) == {"value": 3.0, "grad": True}
     assert guarded.stdout == unguarded.stdout
     assert guarded.stderr == unguarded.stderr == ""
-    assert not log.exists() or log.read_text() == ""
+    assert events == []
 
 
 @pytest.mark.parametrize("kind", ["function", "method"])
 def test_a_compiled_stage_entered_without_grad_is_fixed(guard_python, compiled_project, kind):
-    code = _program(kind, "0", "0")
-    unguarded = run_python(guard_python, code, compiled_project, PYTHONPATH=str(compiled_project))
-    log = compiled_project / "events.jsonl"
-    guarded = run_python(
-        guard_python, code, compiled_project, PYTHONPATH=str(compiled_project),
-        AUTOGRAD_GUARD="1", AUTOGRAD_GUARD_LOG=str(log),
-    )  # fmt: skip
+    unguarded, guarded, events = _twin_runs(
+        guard_python, compiled_project, _program(kind, "0", "0")
+    )
     assert json.loads(unguarded.stdout) == {"value": 3.0, "grad": False}
     assert json.loads(guarded.stdout) == {"value": 3.0, "grad": True}
     assert "Traceback" not in guarded.stderr
-    events = [json.loads(line) for line in log.read_text().splitlines()]
     actions = [e["action"] for e in events]
     assert actions == ["enable_grad", "summary"]  # logged once for the three calls
 
@@ -112,13 +115,7 @@ def test_fullgraph_with_a_guard_that_cannot_run_compiles_and_says_so(guard_pytho
     f = torch.compile(lambda x: compiled_stages.pure(x).sin(), backend="eager", fullgraph=True)
     print(f(torch.zeros(2)).tolist(), f(torch.ones(2)).tolist())
     """
-    log = tmp_path / "events.jsonl"
-    unguarded = run_python(guard_python, code, tmp_path, PYTHONPATH=str(tmp_path))
-    guarded = run_python(
-        guard_python, code, tmp_path, PYTHONPATH=str(tmp_path),
-        AUTOGRAD_GUARD="1", AUTOGRAD_GUARD_LOG=str(log),
-    )  # fmt: skip
+    unguarded, guarded, events = _twin_runs(guard_python, tmp_path, textwrap.dedent(code))
     assert guarded.stdout == unguarded.stdout
     assert "Traceback" not in guarded.stderr
-    events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["action"] for e in events] == ["compiled_unguarded", "summary"]
