@@ -89,7 +89,7 @@ def test_correct_compiled_code_is_unchanged_and_silent(
     unguarded, guarded, events = _twin_runs(guard_python, compiled_project, code)
     assert json.loads(unguarded.stdout) == {"value": 3.0, "grad": True}
     assert guarded.stdout == unguarded.stdout
-    assert guarded.stderr == unguarded.stderr == ""
+    assert guarded.stderr == unguarded.stderr  # torch's own warnings only, if any
     assert events == []
 
 
