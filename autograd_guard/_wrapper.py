@@ -136,16 +136,26 @@ class Call:
     def callsite(self) -> str:
         if self._callsite is None:
             target = self.target
-            self._callsite = find_callsite(target.module.partition(".")[0], *target.skip)
+            # A rule names the user's own code: its caller there is the call site. A
+            # library's own frames lead to the user's code that called into it.
+            library = () if target.rule else (target.module.partition(".")[0],)
+            self._callsite = find_callsite(*library, *target.skip)
         return self._callsite
+
+
+# Never the call site while the user's code is on the stack: torch (``nn.Module.__call__``),
+# the standard library (``unittest``'s ``assertRaises``, ``threading``) and test runners.
+_INFRASTRUCTURE = frozenset({"torch", "_pytest", "pytest", "pluggy", *sys.stdlib_module_names})
 
 
 def find_callsite(*libraries: str) -> str:
     """``file:line`` of the code that called the wrapped function.
 
     Starts above the engine's wrapper frame, so a guard's own frames never count
-    (wherever the guard lives), and skips wrapt and the ``libraries`` (top-level package
-    names) where a caller outside them exists.
+    (wherever the guard lives), and skips wrapt. The first frame of the user's code wins:
+    outside torch, the standard library, test runners and the ``libraries`` (top-level
+    package names); else the first frame outside the infrastructure (a library's own
+    tests); else the first frame at all.
     """
     if len(_OWN_DIRS) == 1:
         _OWN_DIRS.append(_wrapt_dir())
@@ -155,17 +165,23 @@ def find_callsite(*libraries: str) -> str:
     while frame is not None and frame.f_code is not _WRAPPER_CODE:
         frame = frame.f_back
     frame = frame.f_back if frame is not None else start
-    fallback = None
+    library_frame = first_frame = None
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(own):
             package = frame.f_globals.get("__name__", "").partition(".")[0]
-            if package not in libraries:
-                return f"{os.path.normpath(filename)}:{frame.f_lineno}"
-            if fallback is None:
-                fallback = f"{os.path.normpath(filename)}:{frame.f_lineno}"
+            first_frame = first_frame or frame
+            if package not in _INFRASTRUCTURE:
+                if package not in libraries:
+                    return _where(frame)
+                library_frame = library_frame or frame
         frame = frame.f_back
-    return fallback or "<unknown>"
+    found = library_frame or first_frame
+    return _where(found) if found is not None else "<unknown>"
+
+
+def _where(frame: FrameType) -> str:
+    return f"{os.path.normpath(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 def describe_error(exc: BaseException) -> str:
