@@ -12,6 +12,7 @@ import os
 import sys
 
 from autograd_guard import _compiled
+from autograd_guard._recursion import GIVE_BACK
 from autograd_guard.errors import GuardError
 
 TYPE_CHECKING = False
@@ -162,7 +163,7 @@ def find_callsite(*libraries: str) -> str:
     own = tuple(_OWN_DIRS)
     frame: FrameType | None = sys._getframe(1)
     start = frame
-    while frame is not None and frame.f_code is not _WRAPPER_CODE:
+    while frame is not None and frame.f_code not in _WRAPPER_CODES:
         frame = frame.f_back
     frame = frame.f_back if frame is not None else start
     library_frame = first_frame = None
@@ -199,8 +200,21 @@ def describe_error(exc: BaseException) -> str:
 
 
 def make_wrapper(self: Guard, target: Target) -> Callable[..., Any]:
-    """The wrapt wrapper for ``target``: the guard's check, then its ``handle``, failing open."""
-    risky = self.check_for(target)
+    """The wrapt wrapper for ``target``: the guard's check, then its ``handle``, failing
+    open; for a guard that overrides ``before``, its check around the call."""
+    from autograd_guard._guard import Guard
+
+    if type(self).before is not Guard.before:
+        wrapper = _checking_around(self, target)
+    else:
+        wrapper = _handling(self, target, self.check_for(target))
+    _mark(wrapper, self, target)
+    return wrapper
+
+
+def _handling(
+    self: Guard, target: Target, risky: Callable[[Any, tuple[Any, ...], dict[str, Any]], bool]
+) -> Callable[..., Any]:
     from autograd_guard._guard import Guard
 
     always = getattr(risky, "__func__", None) is Guard.risky  # no check to run
@@ -223,7 +237,10 @@ def make_wrapper(self: Guard, target: Target) -> Callable[..., Any]:
                 self.fail("check", exc)
                 is_risky = False
             if not is_risky:
-                return wrapped(*args, **kwargs)
+                if GIVE_BACK is None:
+                    return wrapped(*args, **kwargs)
+                with GIVE_BACK:  # one frame per level of recursion (see _recursion)
+                    return wrapped(*args, **kwargs)
         call = Call(target, wrapped, instance, args, kwargs)
         try:
             return handle(call)
@@ -241,8 +258,44 @@ def make_wrapper(self: Guard, target: Target) -> Callable[..., Any]:
             return call.result
         return wrapped(*args, **kwargs)
 
-    _mark(autograd_guard_wrapper, self, target)
     return autograd_guard_wrapper
+
+
+def _checking_around(self: Guard, target: Target) -> Callable[..., Any]:
+    """``Guard.before`` runs before the call and returns what to run after it; the call
+    itself runs in this frame, so that a recursive target costs one frame per level."""
+    before = self.before
+
+    def autograd_guard_check_around(
+        wrapped: Callable[..., Any],
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        if not self.active:
+            return wrapped(*args, **kwargs)
+        try:
+            after = before(Call(target, wrapped, instance, args, kwargs))
+        except GuardError:
+            raise
+        except Exception as exc:  # fail open: run the library untouched
+            self.fail("check", exc)
+            after = None
+        if GIVE_BACK is None:
+            result = wrapped(*args, **kwargs)
+        else:
+            with GIVE_BACK:
+                result = wrapped(*args, **kwargs)
+        if after is not None:
+            try:
+                after()
+            except GuardError:
+                raise
+            except Exception as exc:  # fail open: the library's result stands
+                self.fail("remedy", exc)
+        return result
+
+    return autograd_guard_check_around
 
 
 def _mark(wrapper: Any, guard: Guard, target: Target) -> None:
@@ -255,9 +308,10 @@ def _mark(wrapper: Any, guard: Guard, target: Target) -> None:
     wrapper._autograd_guard_scripted = lambda: _compiled.scripted(guard, target)
 
 
-# Every wrapper shares this code object; find_callsite looks for it on the stack.
-_WRAPPER_CODE = next(
+# Every wrapper shares one of these code objects; find_callsite looks for them on the stack.
+_WRAPPER_CODES = frozenset(
     c
-    for c in make_wrapper.__code__.co_consts
-    if getattr(c, "co_name", None) == "autograd_guard_wrapper"
+    for maker in (_handling, _checking_around)
+    for c in maker.__code__.co_consts
+    if getattr(c, "co_name", "").startswith("autograd_guard_")
 )
