@@ -140,6 +140,12 @@ class SnapshotInputs(Guard):
         event = f"{call.target} modified its inputs {names} in place" + (
             "; restored" if restored else ""
         )
+        if restored and any(c.get("version_moved") for c in changes):
+            # A torch in-place op moved the counter; the restore cannot move it back.
+            event += (
+                " (through a torch op: graphs that saved them before the call still "
+                "cannot run backward, as unguarded)"
+            )
         if unrestorable:  # only version counters were compared: no copy to restore from
             event += '; not restored: set check = "data" on this rule to restore such writes' + (
                 " (done for its later calls)" if self.mode == "fix" else ""
