@@ -268,3 +268,59 @@ def test_writes_into_a_cloned_inference_tensor_reach_the_caller(resumable):
     assert out.tolist() == [2.0, 2.0, 2.0] and grad == 6.0
     assert out.is_inference()
     assert [e["action"] for e in events] == ["enable_grad", "copy_back"]
+
+
+CONTAINERS = """
+import torch
+
+SEEN = []
+
+def fit(target, batch, out):
+    SEEN.append((batch, out))
+    w = torch.zeros_like(target, requires_grad=True)
+    ((w - target) ** 2).sum().backward()
+    batch["grad"] = w.grad
+    out.append("fit")
+    return w.grad
+
+def normalise(batch):
+    batch["points"].div_(2)
+    batch["scale"] = torch.ones(1, requires_grad=True) * 2
+    del batch["stale"]
+    batch["items"].append(batch["points"])
+"""
+
+
+@pytest.fixture
+def containers(make_module):
+    make_module("user_containers", CONTAINERS)
+    rules = [
+        {"target": f"user_containers:{n}", "action": "enable_grad"} for n in ("fit", "normalise")
+    ]
+    autograd_guard.install({"rules": rules})
+    import user_containers
+
+    return user_containers
+
+
+def test_containers_without_an_inference_tensor_are_the_callers_own(containers):
+    # Issue 19 item 1: every list and dict argument was copied, and the writes were lost.
+    batch, out = {"steps": 1}, []
+    with torch.inference_mode():
+        grad = containers.fit(torch.arange(3.0), batch, out)
+    assert containers.SEEN == [(batch, out)] and containers.SEEN[0][0] is batch
+    assert batch["grad"] is grad and out == ["fit"]
+
+
+def test_writes_into_a_copied_dict_and_list_reach_the_callers(containers):
+    with torch.inference_mode():
+        points = torch.full((2,), 4.0)
+        items = [points]
+        batch = {"points": points, "stale": 1, "items": items}
+        with capture_events() as events:
+            containers.normalise(batch)
+    assert sorted(batch) == ["items", "points", "scale"] and batch["points"] is points
+    assert points.tolist() == [2.0, 2.0] and points.is_inference()
+    assert items == [points, points] and items[1] is points  # the clone maps back
+    assert batch["scale"].requires_grad  # made with grad, inside the stage
+    assert [e["action"] for e in events] == ["enable_grad", "copy_back"]

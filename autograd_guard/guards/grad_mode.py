@@ -8,10 +8,11 @@ require grad and does not have a grad_fn".
 Upstream: AiuniAI/Unique3D#19 and #105.
 Affected: any version; the stages are named by ``enable_grad`` rules in the policy.
 Remedy: run the stage under ``torch.inference_mode(False)`` and ``torch.enable_grad()``,
-with clones of any inference tensors among its arguments (writes into a clone are copied
-back into the caller's tensor); the caller's modes come back afterwards. A generator,
-coroutine or async generator stage gets the modes at every resume (``next``, ``send``,
-``throw``, ``await``) and the caller's modes between resumes.
+with clones of any inference tensors among its arguments (a list or dict holding one is
+copied; writes into a clone or such a copy are copied back into the caller's objects);
+the caller's modes come back afterwards. A generator, coroutine or async generator stage
+gets the modes at every resume (``next``, ``send``, ``throw``, ``await``) and the
+caller's modes between resumes.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import sys
 
 from autograd_guard import _compiled
 from autograd_guard._guard import Call, Guard, Target
+from autograd_guard._inference_clones import InferenceClones
 from autograd_guard._resumable import NO_CONTEXT, GradModes, resume_each_time_under
-from autograd_guard._wrapper import iter_tensors, map_tensors
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class GradMode(Guard):
         if _resumable(call.target) is not None:
             return self._resumable(call)
         torch = sys.modules["torch"]
-        clones = _InferenceClones(torch, (call.args, call.kwargs))
+        clones = InferenceClones(torch, call.args, call.kwargs)
         if not self._intervene(call, clones.found):
             return self._proceed_with_note(call, call.args, call.kwargs, fixed=False)
         with torch.inference_mode(False), torch.enable_grad():
@@ -69,7 +70,9 @@ class GradMode(Guard):
             try:
                 return self._proceed_with_note(call, args, kwargs, fixed=True)
             finally:
-                clones.copy_back(self, call)
+                clones.copy_back()
+                if clones.written:
+                    self._copied_back(call, clones.written)
 
     def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
         if _resumable(target) is not None:
@@ -108,6 +111,17 @@ class GradMode(Guard):
             if NO_GRAD_MESSAGE in str(exc) and hasattr(exc, "add_note"):
                 exc.add_note(_note(str(call.target), fixed))
             raise
+
+    def _copied_back(self, call: Call, written: list[Any]) -> None:
+        self.emit(
+            f"the stage wrote into {len(written)} inference tensor(s) it was given; "
+            "the writes were copied back into the caller's tensors",
+            action="copy_back",
+            callsite=call.callsite,
+            target=str(call.target),
+            level="info",
+            shapes=[list(t.shape) for t in written],
+        )
 
     # -- generators and coroutines -------------------------------------------------------
 
@@ -162,47 +176,6 @@ def _resumable(target: Target) -> str | None:
 
 
 _KINDS: dict[Target, str] = {}
-
-
-class _InferenceClones:
-    """Clones of the inference tensors among a stage's arguments (autograd cannot save
-    inference tensors); whatever the stage writes into a clone is copied back."""
-
-    def __init__(self, torch: Any, arguments: Any) -> None:
-        self._torch = torch
-        self._arguments = arguments
-        self.found = sum(t.is_inference() for t in iter_tensors(arguments, torch.Tensor))
-        self._pairs: list[tuple[Any, Any, int]] = []  # original, clone, clone's version
-
-    def prepare(self) -> Any:
-        """The arguments to pass (call under inference_mode(False))."""
-        if not self.found:
-            return self._arguments
-        return map_tensors(self._arguments, self._torch.Tensor, self._clone)
-
-    def _clone(self, tensor: Any) -> Any:
-        if not tensor.is_inference():
-            return tensor
-        clone = tensor.clone()
-        self._pairs.append((tensor, clone, clone._version))
-        return clone
-
-    def copy_back(self, guard: Guard, call: Call) -> None:
-        written = [(o, c) for o, c, version in self._pairs if c._version != version]
-        if not written:
-            return
-        with self._torch.inference_mode():
-            for original, clone in written:
-                original.copy_(clone)
-        guard.emit(
-            f"the stage wrote into {len(written)} inference tensor(s) it was given; "
-            "the writes were copied back into the caller's tensors",
-            action="copy_back",
-            callsite=call.callsite,
-            target=str(call.target),
-            level="info",
-            shapes=[list(o.shape) for o, _ in written],
-        )
 
 
 def _note(target: str, fixed: bool) -> str:
