@@ -324,3 +324,51 @@ def test_writes_into_a_copied_dict_and_list_reach_the_callers(containers):
     assert items == [points, points] and items[1] is points  # the clone maps back
     assert batch["scale"].requires_grad  # made with grad, inside the stage
     assert [e["action"] for e in events] == ["enable_grad", "copy_back"]
+
+
+DECORATED = """
+import functools
+import torch
+
+def lazy_decorator(function):
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        return function(*args, **kwargs)
+    return wrapper
+
+def consuming_decorator(function):
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        return list(function(*args, **kwargs))
+    return wrapper
+
+@lazy_decorator
+def lazy(n):
+    for _ in range(n):
+        yield torch.is_grad_enabled()
+
+@consuming_decorator
+def consumed(n):
+    for _ in range(n):
+        yield torch.is_grad_enabled()
+"""
+
+
+@pytest.mark.parametrize("mode", ["fix", "observe"])
+def test_a_decorated_generator_stage_gets_grad_where_its_body_runs(make_module, grad_off, mode):
+    # Issue 19 item 6: functools.wraps hid the generator; "re-enabled" was logged at the
+    # call, and the body then ran without grad.
+    make_module("user_decorated", DECORATED)
+    rules = [
+        {"target": f"user_decorated:{n}", "action": "enable_grad"} for n in ("lazy", "consumed")
+    ]
+    autograd_guard.install({"mode": mode, "rules": rules})
+    import user_decorated
+
+    fixed = mode == "fix"
+    with capture_events() as events:
+        assert list(user_decorated.lazy(2)) == [fixed, fixed]
+    assert [e["action"] for e in events] == ["enable_grad"]
+    with capture_events() as events:
+        assert user_decorated.consumed(2) == [fixed, fixed]  # the body ran inside the call
+    assert [e["action"] for e in events] == (["enable_grad"] if fixed else [])

@@ -11,8 +11,8 @@ Remedy: run the stage under ``torch.inference_mode(False)`` and ``torch.enable_g
 with clones of any inference tensors among its arguments (a list or dict holding one is
 copied; writes into a clone or such a copy are copied back into the caller's objects);
 the caller's modes come back afterwards. A generator, coroutine or async generator stage
-gets the modes at every resume (``next``, ``send``, ``throw``, ``await``) and the
-caller's modes between resumes.
+(also under a ``functools.wraps`` decorator) gets the modes at every resume (``next``,
+``send``, ``throw``, ``await``) and the caller's modes between resumes.
 """
 
 from __future__ import annotations
@@ -68,11 +68,14 @@ class GradMode(Guard):
         with torch.inference_mode(False), torch.enable_grad():
             args, kwargs = clones.prepare()
             try:
-                return self._proceed_with_note(call, args, kwargs, fixed=True)
+                result = self._proceed_with_note(call, args, kwargs, fixed=True)
             finally:
                 clones.copy_back()
                 if clones.written:
                     self._copied_back(call, clones.written)
+        # A generator made by a wrapper that hides it (no functools.wraps): its body runs
+        # at each resume, so the fix logged above is applied there.
+        return self._driven(call, result)
 
     def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
         if _resumable(target) is not None:
@@ -128,9 +131,33 @@ class GradMode(Guard):
     def _resumable(self, call: Call) -> Any:
         """The generator or coroutine, driven so that each resume runs with grad."""
         call.callsite  # noqa: B018 - the caller's line, while the caller is on the stack
-        inner = call.proceed()
-        kind = _resumable(call.target) or "generator"
-        return resume_each_time_under(kind, inner, lambda: self._resume_modes(call))
+        if self.mode != "fix" or not self.risky(None, (), {}):
+            return self._driven(call, call.proceed())
+        # A decorator may run the body at the call (priming it, or consuming it): with grad.
+        with GradModes(sys.modules["torch"]):
+            result = call.proceed()
+        driven = self._driven(call, result)
+        if driven is result:  # not a generator after all: its body ran here, with grad
+            self._intervene(call, 0)
+        return driven
+
+    def _driven(self, call: Call, result: Any) -> Any:
+        """``result`` driven at each resume if it is a generator or coroutine; anything
+        else (a decorator that consumed the generator) is returned as it is."""
+        import inspect
+
+        kind = (
+            "generator"
+            if inspect.isgenerator(result)
+            else "coroutine"
+            if inspect.iscoroutine(result)
+            else "asyncgen"
+            if inspect.isasyncgen(result)
+            else None
+        )
+        if kind is None:
+            return result
+        return resume_each_time_under(kind, result, lambda: self._resume_modes(call))
 
     def _resume_modes(self, call: Call) -> Any:
         torch = sys.modules["torch"]
@@ -157,12 +184,16 @@ def _resumable(target: Target) -> str | None:
     """``generator``, ``coroutine`` or ``asyncgen`` for such a target, else None."""
     kind = _KINDS.get(target)
     if kind is None:
+        import contextlib
         import inspect
 
         function: Any = sys.modules.get(target.module)
         for part in target.qualname.split("."):
             function = getattr(function, part, None)
         function = getattr(function, "fget", function)  # a property's getter
+        with contextlib.suppress(ValueError):  # ValueError: a cycle of __wrapped__
+            # Under functools.wraps decorators, the function they wrap decides.
+            function = inspect.unwrap(function)
         kind = _KINDS[target] = (
             "generator"
             if inspect.isgeneratorfunction(function)
