@@ -31,6 +31,7 @@ NOT_INTERVENTIONS = frozenset(
         "copy_back",
         "compiled_unguarded",
         "scripted_unguarded",
+        "not_converted",
         "summary",
     }
 )
