@@ -372,3 +372,34 @@ def test_a_decorated_generator_stage_gets_grad_where_its_body_runs(make_module, 
     with capture_events() as events:
         assert user_decorated.consumed(2) == [fixed, fixed]  # the body ran inside the call
     assert [e["action"] for e in events] == (["enable_grad"] if fixed else [])
+
+
+def test_a_classmethod_stage_is_guarded_and_bound_to_the_subclass(make_module, grad_off):
+    # Issue 19 item 13: a classmethod target was refused as "not a function".
+    make_module(
+        "user_classmethod",
+        """
+        import torch
+
+        class Mesh:
+            @classmethod
+            def fitted(cls, target):
+                w = torch.zeros_like(target, requires_grad=True)
+                ((w - target) ** 2).sum().backward()
+                return cls, w.grad
+
+        class Sphere(Mesh):
+            pass
+        """,
+    )
+    with capture_events() as events:
+        autograd_guard.install(
+            {"rules": [{"target": "user_classmethod:Mesh.fitted", "action": "enable_grad"}]}
+        )
+        import user_classmethod
+
+        kind, grad = user_classmethod.Sphere.fitted(torch.ones(2))
+    assert kind is user_classmethod.Sphere and grad.tolist() == [-2.0, -2.0]
+    assert [e["action"] for e in events] == ["enable_grad"]
+    autograd_guard.uninstall()
+    assert isinstance(vars(user_classmethod.Mesh)["fitted"], classmethod)
