@@ -218,3 +218,15 @@ def test_doctor_into_a_closed_pipe_ends_quietly(tmp_path):
         cwd=tmp_path,
     )
     assert result.stderr == ""
+
+def test_check_names_a_policy_nested_too_deeply_without_a_traceback(tmp_path, capsys):
+    # Issue 19 item 8: the TOML parser's RecursionError is a policy error.
+    for body in ("x = " + "[" * 5000 + "]" * 5000, "a = " + "{b = " * 5000 + "1" + "}" * 5000):
+        (tmp_path / "deep.toml").write_text(body + "\n")
+        assert cli.main(["check", "deep.toml"]) == 1
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert err == (
+            "invalid policy: deep.toml: arrays or tables nested too deeply to parse "
+            "(allowed: a few levels of nesting, as a policy needs)\n"
+        )
