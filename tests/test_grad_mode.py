@@ -308,7 +308,8 @@ def test_containers_without_an_inference_tensor_are_the_callers_own(containers):
     batch, out = {"steps": 1}, []
     with torch.inference_mode():
         grad = containers.fit(torch.arange(3.0), batch, out)
-    assert containers.SEEN == [(batch, out)] and containers.SEEN[0][0] is batch
+    [(seen_batch, seen_out)] = containers.SEEN
+    assert seen_batch is batch and seen_out is out
     assert batch["grad"] is grad and out == ["fit"]
 
 
