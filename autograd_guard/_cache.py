@@ -10,7 +10,7 @@ each other's entries), one file per kind, so that a start reads only the small p
 - the guard entry points found in the environment, checked against the mtimes of the
   folders on ``sys.path`` (installing a distribution changes its folder's mtime);
 - start plans: which modules a process must watch, checked against the policy files'
-  sizes and mtimes, so that the engine itself is imported only when one of them is.
+  sizes and checksums, so that the engine itself is imported only when one of them is.
 
 A file with another schema, or an entry of the wrong shape, is ignored (and rewritten),
 never trusted. ``AUTOGRAD_GUARD_CACHE=off`` turns the cache off.

@@ -170,7 +170,9 @@ def _stop_at_torch_import(error: PolicyError) -> None:
     ``autograd-guard check`` itself) with "Fatal Python error: init_import_site". A
     program that imports torch stops at that import instead, with one line and exit 1.
     """
-    line = f"autograd-guard: invalid policy in strict mode: {error}"
+    from autograd_guard._sinks import printable  # the file's path may hold any character
+
+    line = printable(f"autograd-guard: invalid policy in strict mode: {error}")
     sys.stderr.write(f"{line}; a program that imports torch stops there\n")
 
     def stop(_: ModuleType) -> None:

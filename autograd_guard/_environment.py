@@ -76,12 +76,18 @@ def log(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def cache_folder(environ: Mapping[str, str] | None = None) -> str | None:
-    """Where parsed policies and entry points are cached; None when switched off."""
+    """Where parsed policies and entry points are cached; None when switched off, or when
+    there is no home to put it in (``HOME`` unset and no passwd entry, as for a container
+    user by uid): never a ``~`` folder in the working directory."""
     if _read(environ, AUTOGRAD_GUARD_CACHE).lower() in OFF_VALUES - {""}:
         return None
-    base = (os.environ if environ is None else environ).get("XDG_CACHE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".cache"
-    )
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # unset, or relative: the XDG spec ignores it
+        home = env.get("HOME") or os.path.expanduser("~")
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".cache")
     return os.path.join(base, "autograd-guard")
 
 

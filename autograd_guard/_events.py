@@ -32,6 +32,7 @@ NOT_INTERVENTIONS = frozenset(
         "failure_note",
         "compiled_unguarded",
         "scripted_unguarded",
+        "not_converted",
         "summary",
     }
 )

@@ -17,8 +17,8 @@ before changing anything: that logs the event, raises in ``strict`` and returns
 whether to apply the fix. Any error of the guard's own falls back to the library's
 own behaviour; the library's and the user's exceptions pass through unchanged.
 
-A guard overrides only the hooks: ``risky``, ``check_for``, ``handle`` and the private
-``_targets``, ``_needed``, ``_traced``, ``_on_instrument``. The engine calls the public
+A guard overrides only the hooks: ``risky``, ``check_for``, ``handle`` (or ``before``) and
+the private ``_targets``, ``_needed``, ``_traced``, ``_on_instrument``. The engine calls the public
 methods (``targets_to_wrap``, ``verdict``, ``instrument``, ``wrapper_for``), which call
 those hooks, as OpenTelemetry's ``instrument()`` calls ``_instrument()``.
 
@@ -145,6 +145,12 @@ class Guard:
     def handle(self, call: Call) -> Any:
         """Deal with a risky call. Must run the library through ``call.proceed()``."""
         return call.proceed()
+
+    def before(self, call: Call) -> Callable[[], None] | None:
+        """Instead of ``risky`` and ``handle``, for a guard that checks around every call:
+        runs before it, returns what to run after it. The call itself then runs in the
+        wrapper's frame (a recursive target costs one frame per level)."""
+        return None
 
     # -- what guards call ------------------------------------------------------------
 

@@ -67,13 +67,15 @@ def _guarded_function(original: object, wrapper: Wrapper) -> Any:
 
 
 def _replacement(original: object, wrapper: Wrapper) -> object:
-    """The wrapped function; a property gets its getter wrapped, as its callable part."""
+    """The wrapped function; a property gets its getter wrapped, as its callable part; a
+    classmethod or staticmethod is wrapped as itself."""
     if isinstance(original, property):
         if original.fget is None:
             raise NotCallableTarget("a property without a getter")
         getter = _guarded_function(original.fget, wrapper)
         return property(getter, original.fset, original.fdel, original.__doc__)
-    if not callable(original) or isinstance(original, type):
+    # A classmethod object is not callable itself; wrapt binds it to the class.
+    if not (callable(original) or isinstance(original, classmethod)) or isinstance(original, type):
         kind = type(original).__name__
         article = "an" if kind[:1] in "aeiou" else "a"
         raise NotCallableTarget(f"{article} {kind}, not a function")

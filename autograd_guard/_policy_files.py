@@ -160,6 +160,13 @@ def _parse(description: str, raw: bytes, is_pyproject: bool) -> dict[str, Any]:
         raise PolicyError(description, "", f"not UTF-8 text ({exc.reason})") from None
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(description, "", f"invalid TOML: {exc}") from None
+    except RecursionError:  # the parser recurses once per level of nested arrays or tables
+        raise PolicyError(
+            description,
+            "",
+            "arrays or tables nested too deeply to parse",
+            "a few levels of nesting, as a policy needs",
+        ) from None
     if is_pyproject:
         tool = data.get("tool", {})
         table = tool.get("autograd_guard", {}) if isinstance(tool, dict) else {}

@@ -48,25 +48,47 @@ def _count_log(lines: list[str]) -> tuple[Counter[Key], dict[Key, str], int, int
     events: dict[Key, str] = {}
     bad = 0
     for line in lines:
-        try:
-            record = json.loads(line)
-            key = (record["guard"], record["action"], record["callsite"])
-            process = record.get("process") or record.get("pid")  # older logs: pid only
-        except (ValueError, KeyError, TypeError, AttributeError):
+        record = _read_record(line)
+        if record is None:
             bad += 1
             continue
-        if record["action"] == "summary":
+        key, process, sites, event = record
+        if sites is not None:
             summary = summarised.setdefault(process, Counter())
-            summary.update(dict(_parse_site(s) for s in record.get("sites", [])))
+            summary.update(dict(_parse_site(s) for s in sites))
         else:
             logged.setdefault(process, Counter())[key] += 1
-            events.setdefault(key, record.get("event", ""))
+            events.setdefault(key, event)
     counts: Counter[Key] = Counter()
     for process in {*logged, *summarised}:
         own, summary = logged.get(process, Counter()), summarised.get(process, Counter())
         for key in {*own, *summary}:
             counts[key] += max(own[key], summary[key])
     return counts, events, len({*logged, *summarised}), bad
+
+
+def _read_record(line: str) -> tuple[Key, object, list[str] | None, str] | None:
+    """(guard, action, call site), the process, a summary's sites and the event text; None
+    for a line that is not one of our events, whatever JSON it holds."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):  # RecursionError: JSON nested too deeply
+        return None
+    if not isinstance(record, dict):
+        return None
+    guard, action, callsite = (record.get(k) for k in ("guard", "action", "callsite"))
+    process = record.get("process") or record.get("pid")  # older logs: pid only
+    if not (isinstance(guard, str) and isinstance(action, str) and isinstance(callsite, str)):
+        return None
+    if not isinstance(process, (str, int, type(None))):
+        return None
+    sites = record.get("sites", []) if action == "summary" else None
+    if sites is not None and not (
+        isinstance(sites, list) and all(isinstance(s, str) for s in sites)
+    ):
+        return None
+    event = record.get("event", "")
+    return (guard, action, callsite), process, sites, event if isinstance(event, str) else ""
 
 
 def _parse_site(line: str) -> tuple[tuple[str, str, str], int]:

@@ -87,6 +87,15 @@ def _render_message(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> st
     return line
 
 
+def printable(text: str) -> str:
+    """``text`` with every non-printable character escaped (``\\r``, ``\\x1b``, ``\\u202e``):
+    a parameter name or a path in an event cannot move the cursor, recolour or rewrite
+    the terminal line (a NaN warning displayed as "all gradients healthy")."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _sink_method(level: str) -> Any:
     """One logging method of ``_Sink``: stdlib ``logging`` at that level, or a write."""
 
@@ -116,13 +125,13 @@ class _Sink:
         self.fallback = False
 
     def msg(self, line: str) -> None:
-        data = (line.replace("\n", " ") + "\n").encode("utf-8", "replace")
+        line = line.replace("\n", " ")
         if self.dest != STDERR and not self.fallback:
             fd = self.fd if self.fd is not None else self._open()
             if fd is not None:
-                os.write(fd, data)
+                os.write(fd, (line + "\n").encode("utf-8", "replace"))
                 return
-        sys.stderr.write(data.decode("utf-8"))
+        sys.stderr.write(printable(line) + "\n")
         sys.stderr.flush()
 
     def _open(self) -> int | None:

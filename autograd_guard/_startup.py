@@ -2,7 +2,7 @@
 and load the engine, the policy and the guards at the first import of one of them.
 
 A plan is made by a start that did the whole install (no plan yet, or a stale one): the
-modules the guards then watched, the policy files read (with their sizes and mtimes) and
+modules the guards then watched, the policy files read (with their sizes and checksums) and
 the folders on ``sys.path`` (with theirs, for third-party guards). It is trusted only
 while the same policy file is discovered and nothing it names has changed, so a process
 that never imports a target pays for a few ``stat`` calls and one cache read.
@@ -69,11 +69,21 @@ def _plan_key() -> str:
 
 
 def _stamp(path: str) -> list[Any] | None:
+    """The file's size and a checksum of its bytes: a policy replaced by one of the same
+    size and mtime (``cp -p``, ``tar x``, images with fixed timestamps) is a new policy."""
+    from autograd_guard._policy_files import MAX_POLICY_BYTES
+
     try:
-        info = os.stat(path)
+        with open(path, "rb") as f:
+            data = f.read(MAX_POLICY_BYTES + 1)
     except OSError:
         return None
-    return [path, info.st_size, info.st_mtime_ns]
+    # The bytes as one number modulo a prime: stable across processes (hash() is salted)
+    # and without importing zlib or hashlib at start-up.
+    return [path, len(data), int.from_bytes(data, "little") % _PRIME]
+
+
+_PRIME = 2**64 - 59  # the largest 64-bit prime (a Mersenne prime would weigh bytes 61 apart alike)
 
 
 def _save_plan(key: str) -> None:

@@ -12,6 +12,7 @@ import os
 import sys
 
 from autograd_guard import _compiled
+from autograd_guard._recursion import GIVE_BACK
 from autograd_guard.errors import GuardError
 
 TYPE_CHECKING = False
@@ -136,36 +137,52 @@ class Call:
     def callsite(self) -> str:
         if self._callsite is None:
             target = self.target
-            self._callsite = find_callsite(target.module.partition(".")[0], *target.skip)
+            # A rule names the user's own code: its caller there is the call site. A
+            # library's own frames lead to the user's code that called into it.
+            library = () if target.rule else (target.module.partition(".")[0],)
+            self._callsite = find_callsite(*library, *target.skip)
         return self._callsite
+
+
+# Never the call site while the user's code is on the stack: torch (``nn.Module.__call__``),
+# the standard library (``unittest``'s ``assertRaises``, ``threading``) and test runners.
+_INFRASTRUCTURE = frozenset({"torch", "_pytest", "pytest", "pluggy", *sys.stdlib_module_names})
 
 
 def find_callsite(*libraries: str) -> str:
     """``file:line`` of the code that called the wrapped function.
 
     Starts above the engine's wrapper frame, so a guard's own frames never count
-    (wherever the guard lives), and skips wrapt and the ``libraries`` (top-level package
-    names) where a caller outside them exists.
+    (wherever the guard lives), and skips wrapt. The first frame of the user's code wins:
+    outside torch, the standard library, test runners and the ``libraries`` (top-level
+    package names); else the first frame outside the infrastructure (a library's own
+    tests); else the first frame at all.
     """
     if len(_OWN_DIRS) == 1:
         _OWN_DIRS.append(_wrapt_dir())
     own = tuple(_OWN_DIRS)
     frame: FrameType | None = sys._getframe(1)
     start = frame
-    while frame is not None and frame.f_code is not _WRAPPER_CODE:
+    while frame is not None and frame.f_code not in _WRAPPER_CODES:
         frame = frame.f_back
     frame = frame.f_back if frame is not None else start
-    fallback = None
+    library_frame = first_frame = None
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(own):
             package = frame.f_globals.get("__name__", "").partition(".")[0]
-            if package not in libraries:
-                return f"{os.path.normpath(filename)}:{frame.f_lineno}"
-            if fallback is None:
-                fallback = f"{os.path.normpath(filename)}:{frame.f_lineno}"
+            first_frame = first_frame or frame
+            if package not in _INFRASTRUCTURE:
+                if package not in libraries:
+                    return _where(frame)
+                library_frame = library_frame or frame
         frame = frame.f_back
-    return fallback or "<unknown>"
+    found = library_frame or first_frame
+    return _where(found) if found is not None else "<unknown>"
+
+
+def _where(frame: FrameType) -> str:
+    return f"{os.path.normpath(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 def describe_error(exc: BaseException) -> str:
@@ -183,8 +200,21 @@ def describe_error(exc: BaseException) -> str:
 
 
 def make_wrapper(self: Guard, target: Target) -> Callable[..., Any]:
-    """The wrapt wrapper for ``target``: the guard's check, then its ``handle``, failing open."""
-    risky = self.check_for(target)
+    """The wrapt wrapper for ``target``: the guard's check, then its ``handle``, failing
+    open; for a guard that overrides ``before``, its check around the call."""
+    from autograd_guard._guard import Guard
+
+    if type(self).before is not Guard.before:
+        wrapper = _checking_around(self, target)
+    else:
+        wrapper = _handling(self, target, self.check_for(target))
+    _mark(wrapper, self, target)
+    return wrapper
+
+
+def _handling(
+    self: Guard, target: Target, risky: Callable[[Any, tuple[Any, ...], dict[str, Any]], bool]
+) -> Callable[..., Any]:
     from autograd_guard._guard import Guard
 
     always = getattr(risky, "__func__", None) is Guard.risky  # no check to run
@@ -207,7 +237,10 @@ def make_wrapper(self: Guard, target: Target) -> Callable[..., Any]:
                 self.fail("check", exc)
                 is_risky = False
             if not is_risky:
-                return wrapped(*args, **kwargs)
+                if GIVE_BACK is None:
+                    return wrapped(*args, **kwargs)
+                with GIVE_BACK:  # one frame per level of recursion (see _recursion)
+                    return wrapped(*args, **kwargs)
         call = Call(target, wrapped, instance, args, kwargs)
         try:
             return handle(call)
@@ -225,8 +258,44 @@ def make_wrapper(self: Guard, target: Target) -> Callable[..., Any]:
             return call.result
         return wrapped(*args, **kwargs)
 
-    _mark(autograd_guard_wrapper, self, target)
     return autograd_guard_wrapper
+
+
+def _checking_around(self: Guard, target: Target) -> Callable[..., Any]:
+    """``Guard.before`` runs before the call and returns what to run after it; the call
+    itself runs in this frame, so that a recursive target costs one frame per level."""
+    before = self.before
+
+    def autograd_guard_check_around(
+        wrapped: Callable[..., Any],
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        if not self.active:
+            return wrapped(*args, **kwargs)
+        try:
+            after = before(Call(target, wrapped, instance, args, kwargs))
+        except GuardError:
+            raise
+        except Exception as exc:  # fail open: run the library untouched
+            self.fail("check", exc)
+            after = None
+        if GIVE_BACK is None:
+            result = wrapped(*args, **kwargs)
+        else:
+            with GIVE_BACK:
+                result = wrapped(*args, **kwargs)
+        if after is not None:
+            try:
+                after()
+            except GuardError:
+                raise
+            except Exception as exc:  # fail open: the library's result stands
+                self.fail("remedy", exc)
+        return result
+
+    return autograd_guard_check_around
 
 
 def _mark(wrapper: Any, guard: Guard, target: Target) -> None:
@@ -237,9 +306,10 @@ def _mark(wrapper: Any, guard: Guard, target: Target) -> None:
     wrapper._autograd_guard_scripted = lambda: _compiled.scripted(guard, target)
 
 
-# Every wrapper shares this code object; find_callsite looks for it on the stack.
-_WRAPPER_CODE = next(
+# Every wrapper shares one of these code objects; find_callsite looks for them on the stack.
+_WRAPPER_CODES = frozenset(
     c
-    for c in make_wrapper.__code__.co_consts
-    if getattr(c, "co_name", None) == "autograd_guard_wrapper"
+    for maker in (_handling, _checking_around)
+    for c in maker.__code__.co_consts
+    if getattr(c, "co_name", "").startswith("autograd_guard_")
 )

@@ -3,6 +3,7 @@ outside the source tree, and child interpreters with and without the variable.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -297,3 +298,24 @@ def test_pytest_with_warnings_as_errors_runs_with_the_guard_on(guard_python, pro
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert "1 passed" in result.stdout
+
+
+def test_a_start_plan_follows_a_policy_replaced_with_the_same_size_and_mtime(guard_python, project):
+    # Issue 19 item 5: `cp -p`, `tar x` and images with fixed timestamps keep size and mtime.
+    # A stale plan watches stage_a only: stage_b, imported before torch (whose import starts
+    # the engine), would be left unpatched, without an event.
+    for name in ("stage_a", "stage_b"):
+        (project / f"{name}.py").write_text(
+            "import torch\n\ndef fit():\n    return torch.is_grad_enabled()\n"
+        )
+    policy = project / "autograd_guard.toml"
+    rule = '[[rules]]\ntarget = "stage_b:fit"\naction = "enable_grad"\n'
+    policy.write_text(rule.replace("stage_b", "stage_a"))  # the same size
+    stamp = policy.stat()
+    code = "import stage_b\nimport torch\ntorch.set_grad_enabled(False)\nprint(stage_b.fit())"
+    for _ in range(2):  # the second run starts from the plan the first one made
+        assert run_python(guard_python, code, project, AUTOGRAD_GUARD="1").stdout == "False\n"
+    policy.write_text(rule)
+    os.utime(policy, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert policy.stat().st_size == stamp.st_size
+    assert run_python(guard_python, code, project, AUTOGRAD_GUARD="1").stdout == "True\n"

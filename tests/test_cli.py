@@ -228,3 +228,40 @@ def test_doctor_into_a_closed_pipe_ends_quietly(tmp_path):
         cwd=tmp_path,
     )
     assert result.stderr == ""
+
+
+def test_report_counts_json_of_another_shape_as_unreadable(tmp_path, capsys):
+    # Issue 19 item 10: valid JSON, but not an event of ours: counted, never a traceback.
+    log = tmp_path / "events.jsonl"
+    odd = [
+        [1, 2],
+        "text",
+        7,
+        {"guard": ["grad_mode"], "action": "enable_grad", "callsite": "a.py:1"},
+        {"guard": "grad_mode", "action": 3, "callsite": "a.py:1"},
+        {"guard": "grad_mode", "action": "enable_grad", "callsite": {"x": 1}},
+        {"guard": "g", "action": "a", "callsite": "c", "process": [1]},
+        {**_summary("7-a"), "sites": 5},
+        {**_summary("7-a"), "sites": [1, "grad_mode/enable_grad at a.py:1 x2"]},
+    ]
+    lines = [json.dumps(r) for r in [_event("7-a"), *odd]]
+    lines.append("[" * 100_000 + "]" * 100_000)  # deeper than the parser can go
+    log.write_text("\n".join(lines) + "\n")
+    assert cli.main(["report", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == (
+        f"1 intervention at 1 call site in 1 process; {len(odd) + 1} unreadable lines"
+    )
+
+
+def test_check_names_a_policy_nested_too_deeply_without_a_traceback(tmp_path, capsys):
+    # Issue 19 item 8: the TOML parser's RecursionError is a policy error.
+    for body in ("x = " + "[" * 5000 + "]" * 5000, "a = " + "{b = " * 5000 + "1" + "}" * 5000):
+        (tmp_path / "deep.toml").write_text(body + "\n")
+        assert cli.main(["check", "deep.toml"]) == 1
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert err == (
+            "invalid policy: deep.toml: arrays or tables nested too deeply to parse "
+            "(allowed: a few levels of nesting, as a policy needs)\n"
+        )

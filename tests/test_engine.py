@@ -351,3 +351,24 @@ def test_a_module_hook_is_gated_on_the_version(hook_guard, monkeypatch):
 
     assert hook_guard == []
     assert "not needed for packaging" in autograd_guard.status()["guards"]["toy_hooks"]["state"]
+
+
+def test_no_cache_folder_without_a_home(monkeypatch, tmp_path):
+    # Issue 19 item 11: HOME and XDG_CACHE_HOME unset, and a uid without a passwd entry.
+    import pwd
+
+    from autograd_guard import _environment
+    from autograd_guard._cache import DiskCache
+
+    def no_entry(uid: int) -> None:
+        raise KeyError(uid)
+
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    assert _environment.cache_folder() is None
+    DiskCache(_environment.cache_folder()).put_plan("key", {"modules": []})
+    assert list(tmp_path.iterdir()) == []  # the working directory (see conftest)
+    assert _environment.cache_folder({"XDG_CACHE_HOME": "relative"}) is None
+    assert _environment.cache_folder({"HOME": "/home/u"}) == "/home/u/.cache/autograd-guard"
+    assert _environment.cache_folder({"XDG_CACHE_HOME": "/c"}) == "/c/autograd-guard"

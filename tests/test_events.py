@@ -64,3 +64,19 @@ def test_call_sites_are_normalised(make_module, tmp_path):
         namespace["call"](norm_stage.stage, torch.ones(1))
     assert events[0]["callsite"] == f"{os.path.normpath(caller)}:2"
     assert "/../" not in events[0]["callsite"]
+
+
+def test_the_stderr_sink_escapes_every_non_printable_character(capsys):
+    # Issue 19 item 9: a parameter name (a ModuleDict key) that rewrites the terminal line.
+    name = "head\r\x1b[2Kall gradients healthy\u202e"
+    _events.configure("stderr")
+    try:
+        _events.emit(f"non-finite gradient in {name}", guard="g", action="a", callsite="c:1")
+        _events.emit("note", guard="g", action="b", callsite=f"/tmp/x\x1b]0;t\x07/y.py:{name}")
+    finally:
+        _events.configure(None)
+    err = capsys.readouterr().err
+    assert err.isprintable() is False and err.count("\n") == 2  # only the line ends
+    assert all(line.isprintable() for line in err.splitlines())
+    assert "head\\r\\x1b[2Kall gradients healthy\\u202e" in err
+    assert "/tmp/x\\x1b]0;t\\x07/y.py" in err

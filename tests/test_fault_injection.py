@@ -142,6 +142,18 @@ def inject(monkeypatch, guard_class: type[Guard], fault: str) -> None:
         monkeypatch.setattr(_versions, "first_installed", lookup)
     elif fault == "hook":
         monkeypatch.setattr(guard_class, "instrument", boom)
+    elif guard_class.before is not Guard.before:  # checks around the call (snapshot_inputs)
+        if fault in ("check", "remedy"):
+            monkeypatch.setattr(guard_class, "before", boom)
+        else:
+
+            def fail_after(self, call):
+                def after():
+                    raise Injected(fault)
+
+                return after
+
+            monkeypatch.setattr(guard_class, "before", fail_after)
     elif fault == "check":
         monkeypatch.setattr(guard_class, "check_for", lambda self, target: boom)
     elif fault == "remedy":

@@ -244,3 +244,21 @@ def test_strict_raises_only_where_the_gradient_is_lost():
     image, _, meta = render()
     with pytest.raises(autograd_guard.GuardError, match=r"gsplat_means2d.*gradient lost"):
         loss_of(image).backward()
+
+
+def test_the_kept_gradient_is_the_one_the_users_hooks_made(guard):
+    # Issue 19 item 7: the guard kept the gradient before the user's hook (x10) ran.
+    def means2d_grad(retain):
+        image, _, meta = render()
+        meta["means2d"].register_hook(lambda grad: grad * 10)
+        if retain:
+            meta["means2d"].retain_grad()
+        loss_of(image).backward()
+        return meta["means2d"].grad
+
+    with capture_events() as events:
+        kept = means2d_grad(retain=False)
+    autograd_guard.uninstall()
+    retained = means2d_grad(retain=True)
+    assert torch.equal(kept, retained) and kept.abs().sum() > 0
+    assert [e["action"] for e in events] == ["retain_grad"]

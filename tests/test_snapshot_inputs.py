@@ -124,3 +124,30 @@ def test_policy_validates_rule_options(tmp_path):
         autograd_guard.install(rule("raw", check="bytes"))
     with pytest.raises(PolicyError, match=r"rules\[0\].outputs.*names or positions"):
         autograd_guard.install(rule("raw", outputs=[True]))
+
+
+def test_a_restore_leaves_the_callers_graph_usable(ops):
+    # Issue 19 item 2: a copy_() restore moved the version counter, and a graph that had
+    # saved the input failed in backward ("modified by an inplace operation").
+    autograd_guard.install(rule("raw", check="data"))
+    weight = torch.ones(3, requires_grad=True)
+    x = torch.tensor([1.0, 2.0, 3.0])
+    energy = (weight * x).sum()  # saves x
+    version = x._version
+    with capture_events() as events:
+        ops.raw(x, torch.zeros(3))
+    assert x.tolist() == [1.0, 2.0, 3.0] and x._version == version
+    energy.backward()
+    assert weight.grad.tolist() == [1.0, 2.0, 3.0]  # as if the call had been given a clone
+    assert [e["restored"] for e in events] == [True]
+
+
+def test_a_restore_says_when_the_write_moved_the_version_counter(ops):
+    autograd_guard.install(rule("scale", check="data"))
+    x = torch.ones(3)
+    with capture_events() as events:
+        ops.scale(x, 2.0)
+    [event] = events
+    assert x.tolist() == [1.0, 1.0, 1.0]
+    assert "graphs that saved them before the call still cannot run backward" in event["event"]
+    assert event["changes"][0]["version_moved"] is True

@@ -8,10 +8,11 @@ require grad and does not have a grad_fn".
 Upstream: AiuniAI/Unique3D#19 and #105.
 Affected: any version; the stages are named by ``enable_grad`` rules in the policy.
 Remedy: run the stage under ``torch.inference_mode(False)`` and ``torch.enable_grad()``,
-with clones of any inference tensors among its arguments (writes into a clone are copied
-back into the caller's tensor); the caller's modes come back afterwards. A generator,
-coroutine or async generator stage gets the modes at every resume (``next``, ``send``,
-``throw``, ``await``) and the caller's modes between resumes.
+with clones of any inference tensors among its arguments (a list or dict holding one is
+copied; writes into a clone or such a copy are copied back into the caller's objects);
+the caller's modes come back afterwards. A generator, coroutine or async generator stage
+(also under a ``functools.wraps`` decorator) gets the modes at every resume (``next``,
+``send``, ``throw``, ``await``) and the caller's modes between resumes.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import sys
 
 from autograd_guard import _compiled
 from autograd_guard._guard import Call, Guard, Target
+from autograd_guard._inference_clones import InferenceClones
 from autograd_guard._resumable import NO_CONTEXT, GradModes, resume_each_time_under
-from autograd_guard._wrapper import iter_tensors, map_tensors
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -61,15 +62,20 @@ class GradMode(Guard):
         if _resumable(call.target) is not None:
             return self._resumable(call)
         torch = sys.modules["torch"]
-        clones = _InferenceClones(torch, (call.args, call.kwargs))
+        clones = InferenceClones(torch, call.args, call.kwargs)
         if not self._intervene(call, clones.found):
             return self._proceed_with_note(call, call.args, call.kwargs, fixed=False)
         with torch.inference_mode(False), torch.enable_grad():
             args, kwargs = clones.prepare()
             try:
-                return self._proceed_with_note(call, args, kwargs, fixed=True)
+                result = self._proceed_with_note(call, args, kwargs, fixed=True)
             finally:
-                clones.copy_back(self, call)
+                clones.copy_back()
+                if clones.written:
+                    self._copied_back(call, clones.written)
+        # A generator made by a wrapper that hides it (no functools.wraps): its body runs
+        # at each resume, so the fix logged above is applied there.
+        return self._driven(call, result)
 
     def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
         if _resumable(target) is not None:
@@ -115,14 +121,49 @@ class GradMode(Guard):
         exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # as the PEP 678 backport
         self.emit(note, action="failure_note", callsite=call.callsite, level="error")
 
+    def _copied_back(self, call: Call, written: list[Any]) -> None:
+        self.emit(
+            f"the stage wrote into {len(written)} inference tensor(s) it was given; "
+            "the writes were copied back into the caller's tensors",
+            action="copy_back",
+            callsite=call.callsite,
+            target=str(call.target),
+            level="info",
+            shapes=[list(t.shape) for t in written],
+        )
+
     # -- generators and coroutines -------------------------------------------------------
 
     def _resumable(self, call: Call) -> Any:
         """The generator or coroutine, driven so that each resume runs with grad."""
         call.callsite  # noqa: B018 - the caller's line, while the caller is on the stack
-        inner = call.proceed()
-        kind = _resumable(call.target) or "generator"
-        return resume_each_time_under(kind, inner, lambda: self._resume_modes(call))
+        if self.mode != "fix" or not self.risky(None, (), {}):
+            return self._driven(call, call.proceed())
+        # A decorator may run the body at the call (priming it, or consuming it): with grad.
+        with GradModes(sys.modules["torch"]):
+            result = call.proceed()
+        driven = self._driven(call, result)
+        if driven is result:  # not a generator after all: its body ran here, with grad
+            self._intervene(call, 0)
+        return driven
+
+    def _driven(self, call: Call, result: Any) -> Any:
+        """``result`` driven at each resume if it is a generator or coroutine; anything
+        else (a decorator that consumed the generator) is returned as it is."""
+        import inspect
+
+        kind = (
+            "generator"
+            if inspect.isgenerator(result)
+            else "coroutine"
+            if inspect.iscoroutine(result)
+            else "asyncgen"
+            if inspect.isasyncgen(result)
+            else None
+        )
+        if kind is None:
+            return result
+        return resume_each_time_under(kind, result, lambda: self._resume_modes(call))
 
     def _resume_modes(self, call: Call) -> Any:
         torch = sys.modules["torch"]
@@ -154,12 +195,16 @@ def _resumable(target: Target) -> str | None:
     """``generator``, ``coroutine`` or ``asyncgen`` for such a target, else None."""
     kind = _KINDS.get(target)
     if kind is None:
+        import contextlib
         import inspect
 
         function: Any = sys.modules.get(target.module)
         for part in target.qualname.split("."):
             function = getattr(function, part, None)
         function = getattr(function, "fget", function)  # a property's getter
+        with contextlib.suppress(ValueError):  # ValueError: a cycle of __wrapped__
+            # Under functools.wraps decorators, the function they wrap decides.
+            function = inspect.unwrap(function)
         kind = _KINDS[target] = (
             "generator"
             if inspect.isgeneratorfunction(function)
@@ -173,47 +218,6 @@ def _resumable(target: Target) -> str | None:
 
 
 _KINDS: dict[Target, str] = {}
-
-
-class _InferenceClones:
-    """Clones of the inference tensors among a stage's arguments (autograd cannot save
-    inference tensors); whatever the stage writes into a clone is copied back."""
-
-    def __init__(self, torch: Any, arguments: Any) -> None:
-        self._torch = torch
-        self._arguments = arguments
-        self.found = sum(t.is_inference() for t in iter_tensors(arguments, torch.Tensor))
-        self._pairs: list[tuple[Any, Any, int]] = []  # original, clone, clone's version
-
-    def prepare(self) -> Any:
-        """The arguments to pass (call under inference_mode(False))."""
-        if not self.found:
-            return self._arguments
-        return map_tensors(self._arguments, self._torch.Tensor, self._clone)
-
-    def _clone(self, tensor: Any) -> Any:
-        if not tensor.is_inference():
-            return tensor
-        clone = tensor.clone()
-        self._pairs.append((tensor, clone, clone._version))
-        return clone
-
-    def copy_back(self, guard: Guard, call: Call) -> None:
-        written = [(o, c) for o, c, version in self._pairs if c._version != version]
-        if not written:
-            return
-        with self._torch.inference_mode():
-            for original, clone in written:
-                original.copy_(clone)
-        guard.emit(
-            f"the stage wrote into {len(written)} inference tensor(s) it was given; "
-            "the writes were copied back into the caller's tensors",
-            action="copy_back",
-            callsite=call.callsite,
-            target=str(call.target),
-            level="info",
-            shapes=[list(o.shape) for o, _ in written],
-        )
 
 
 def _note(target: str, fixed: bool) -> str:

@@ -9,11 +9,13 @@ fails with "'NoneType' object has no attribute 'clone'". Densification then runs
 gradient at all.
 Affected: every gsplat version whose ``rasterization`` returns ``meta`` (1.0.0 on).
 Upstream: nerfstudio-project/gsplat#467.
-Remedy: a hook on ``meta["means2d"]`` decides in ``backward()``, where it is known
-whether the user's code retained the gradient (``strategy.step_pre_backward`` does):
-correct code is left alone and logs nothing. Where the gradient would be lost, ``fix``
-keeps it in ``.grad`` exactly as ``retain_grad()`` would (with ``absgrad=True`` gsplat's
-backward sets ``.absgrad`` itself), ``observe`` logs, ``strict`` raises from
+Remedy: a pre-hook on the autograd node that made ``meta["means2d"]`` decides in
+``backward()``, where it is known whether the user's code retained the gradient
+(``strategy.step_pre_backward`` does): correct code is left alone and logs nothing.
+Where the gradient would be lost, ``fix`` keeps it in ``.grad`` exactly as
+``retain_grad()`` would: the node's pre-hooks run after the tensor's own hooks, so a
+user's hook that scales the gradient is applied first (with ``absgrad=True`` gsplat's
+backward sets ``.absgrad`` itself); ``observe`` logs, ``strict`` raises from
 ``backward()``.
 """
 
@@ -55,13 +57,19 @@ class GsplatMeans2d(Guard):
         # Decided in backward(), where it is known whether the user's own code (such as
         # strategy.step_pre_backward) retained the gradient: correct code logs nothing.
         tensor, callsite = weakref.ref(means2d), call.callsite
-        means2d.register_hook(lambda grad: self._in_backward(tensor(), grad, callsite))
+        node, index = means2d.grad_fn, means2d.output_nr
+        if hasattr(node, "register_prehook"):
+            # A pre-hook of the node that made means2d runs after every tensor hook and
+            # after retain_grad's: it sees the gradient that retain_grad() would keep.
+            node.register_prehook(lambda grads: self._in_backward(tensor(), grads[index], callsite))
+        else:
+            means2d.register_hook(lambda grad: self._in_backward(tensor(), grad, callsite))
         return result
 
     def _in_backward(self, means2d: Any, grad: Any, callsite: str) -> None:
-        # retain_grad()'s own hook always runs after this one (torch >= 2.0), so the
-        # flag says whether the user's code retained the gradient before backward().
-        if means2d is None or means2d.retains_grad:
+        # retain_grad()'s own hook runs before this one, so the flag says whether the
+        # user's code retained the gradient before backward().
+        if means2d is None or grad is None or means2d.retains_grad:
             return
         fields: dict[str, Any] = {
             "action": "retain_grad",
@@ -80,8 +88,21 @@ class GsplatMeans2d(Guard):
             "called on it)" + ("; kept in .grad as retain_grad() would" if fixed else ""),
             **fields,
         )
-        if fixed:  # what retain_grad() does: the first gradient, then the sum of them
-            means2d.grad = grad.detach().clone() if means2d.grad is None else means2d.grad + grad
+        if fixed:
+            _retain(means2d, grad)
+
+
+def _retain(tensor: Any, grad: Any) -> None:
+    """What retain_grad()'s hook does: a contiguous copy of the first gradient, then the
+    sum of them."""
+    if tensor.grad is not None:
+        tensor.grad = tensor.grad + grad
+    elif grad.is_sparse:
+        tensor.grad = grad.clone()
+    else:
+        import torch
+
+        tensor.grad = grad.clone(memory_format=torch.contiguous_format)
 
 
 GUARD = GsplatMeans2d

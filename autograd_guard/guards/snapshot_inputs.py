@@ -20,7 +20,7 @@ from autograd_guard._guard import Call, Guard, Option, Target
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
     from typing import Any
 
     Watched = list[tuple[int | str, Any]]
@@ -62,33 +62,39 @@ class SnapshotInputs(Guard):
     def _targets(self) -> Iterable[Target]:
         return list(self._rules)
 
-    def handle(self, call: Call) -> Any:
+    def before(self, call: Call) -> Callable[[], None] | None:
         if self._tensor_type is None:
             if "torch" not in sys.modules:
-                return call.proceed()
+                return None
             self._tensor_type = sys.modules["torch"].Tensor
         rule = self._rules[call.target]
         if rule["check"] == "version" and not call.kwargs and not rule["outputs"]:
             # The hot path: one comprehension before the call and one after.
             tensor_type, args = self._tensor_type, call.args
             versions = [v._version for v in args if isinstance(v, tensor_type)]
-            result = call.proceed()
-            if [v._version for v in args if isinstance(v, tensor_type)] != versions:
-                self._version_changed(call, self._inputs(call), versions)
-            return result
+            if not versions:
+                return None
+            return lambda: self._versions_after(call, args, versions)
         watched = self._inputs(call)
         if not watched:
-            return call.proceed()
+            return None
         if rule["check"] == "data":
             return self._by_data(call, rule, watched)
         return self._by_version(call, watched)
 
-    def _by_version(self, call: Call, watched: Watched) -> Any:
+    def _versions_after(self, call: Call, args: tuple[Any, ...], versions: list[int]) -> None:
+        tensor_type = self._tensor_type
+        if [v._version for v in args if isinstance(v, tensor_type)] != versions:
+            self._version_changed(call, self._inputs(call), versions)
+
+    def _by_version(self, call: Call, watched: Watched) -> Callable[[], None]:
         versions = [t._version for _, t in watched]
-        result = call.proceed()
-        if [t._version for _, t in watched] != versions:
-            self._version_changed(call, watched, versions)
-        return result
+
+        def after() -> None:
+            if [t._version for _, t in watched] != versions:
+                self._version_changed(call, watched, versions)
+
+        return after
 
     def _version_changed(self, call: Call, watched: Watched, versions: list[int]) -> None:
         changed = [
@@ -100,7 +106,7 @@ class SnapshotInputs(Guard):
         if self.mode == "fix":
             self._rules[call.target]["check"] = "data"  # so that later calls can be restored
 
-    def _by_data(self, call: Call, rule: dict[str, Any], watched: Watched) -> Any:
+    def _by_data(self, call: Call, rule: dict[str, Any], watched: Watched) -> Callable[[], None]:
         from autograd_guard._snapshot import Snapshot
 
         size = sum(t.numel() * t.element_size() for _, t in watched)
@@ -117,14 +123,15 @@ class SnapshotInputs(Guard):
         snapshot = Snapshot()
         for key, tensor in watched:
             snapshot.add(self._name(call, key), tensor)
-        result = call.proceed()
+        return lambda: self._data_after(call, snapshot)
+
+    def _data_after(self, call: Call, snapshot: Any) -> None:
         changes = snapshot.changes()
         if changes:
             restore = self.mode in ("fix", "strict")
             if restore:
                 snapshot.restore(changes)
             self._report(call, [c.describe() for c in changes], restored=restore)
-        return result
 
     def _report(
         self, call: Call, changes: list[dict[str, Any]], restored: bool, unrestorable: bool = False
@@ -133,6 +140,12 @@ class SnapshotInputs(Guard):
         event = f"{call.target} modified its inputs {names} in place" + (
             "; restored" if restored else ""
         )
+        if restored and any(c.get("version_moved") for c in changes):
+            # A torch in-place op moved the counter; the restore cannot move it back.
+            event += (
+                " (through a torch op: graphs that saved them before the call still "
+                "cannot run backward, as unguarded)"
+            )
         if unrestorable:  # only version counters were compared: no copy to restore from
             event += '; not restored: set check = "data" on this rule to restore such writes' + (
                 " (done for its later calls)" if self.mode == "fix" else ""

@@ -131,32 +131,74 @@ class WarpTorchArgs(Guard):
             elif recording and self._writes_into_tensors:
                 exposed.append((index, params[index]))
         arguments = inputs + outputs
-        if bridge and self.intervene(
-            call,
-            "bridge_grads",
-            f"torch tensors {_names(bridge)} require grad: given a Warp gradient with "
-            "wp.from_torch",
-            arguments=_names(bridge),
-        ):
-            _convert(warp, arguments, bridge, requires_grad=True)
-        action = self.config["action"]
-        remedy = "converted with wp.from_torch" if action == "convert" else "snapshotted"
-        if exposed and self.intervene(
-            call,
-            action,
-            f"torch tensors {_names(exposed)} passed to wp.launch under a Tape would be "
-            f"changed by tape.backward(); {remedy}",
-            arguments=_names(exposed),
-            shapes=[list(arguments[i].shape) for i, _ in exposed],
-        ):
-            if action == "convert":
-                _convert(warp, arguments, exposed, requires_grad=False)
-            else:
-                self._protect_until_backward(exposed, arguments)
+        if bridge:
+            self._bridge_grads(call, warp, arguments, bridge)
+        if exposed:
+            self._protect(call, warp, arguments, exposed)
         if bridge or exposed:
             call.replace("inputs", INPUTS, arguments[: len(inputs)])
             call.replace("outputs", OUTPUTS, arguments[len(inputs) :])
         return call.proceed()
+
+    def _bridge_grads(
+        self, call: Call, warp: Any, arguments: list[Any], bridge: list[tuple[int, Any]]
+    ) -> None:
+        # Converted first, logged after: an event only names the tensors that were bridged.
+        converted = _converted(warp, arguments, bridge, requires_grad=True)
+        names = [param.label for _, param, _ in converted]
+        if converted and self.intervene(
+            call,
+            "bridge_grads",
+            f"torch tensors {names} require grad: given a Warp gradient with wp.from_torch",
+            arguments=names,
+        ):
+            for index, _, array in converted:
+                arguments[index] = array
+
+    def _protect(
+        self, call: Call, warp: Any, arguments: list[Any], exposed: list[tuple[int, Any]]
+    ) -> None:
+        action = self.config["action"]
+        if action == "snapshot":
+            done = [(i, p, arguments[i]) for i, p in exposed]
+        else:  # converted first: an event only names the tensors that were converted
+            done = _converted(warp, arguments, exposed, requires_grad=False)
+            left = [(i, p) for i, p in exposed if i not in {d[0] for d in done}]
+            if left:
+                self._not_converted(call, arguments, left)
+            if not done:
+                return
+        remedy = "converted with wp.from_torch" if action == "convert" else "snapshotted"
+        if self.mode != "fix":
+            remedy = remedy.replace("converted", "would be converted")
+        names = [p.label for _, p, _ in done]
+        if not self.intervene(
+            call,
+            action,
+            f"torch tensors {names} passed to wp.launch under a Tape would be "
+            f"changed by tape.backward(); {remedy}",
+            arguments=names,
+            shapes=[list(arguments[i].shape) for i, _, _ in done],
+        ):
+            return
+        if action == "convert":
+            for index, _, array in done:
+                arguments[index] = array
+        else:
+            self._protect_until_backward([(i, p) for i, p, _ in done], arguments)
+
+    def _not_converted(self, call: Call, arguments: list[Any], left: list[tuple[int, Any]]) -> None:
+        names = _names(left)
+        self.emit(
+            f"torch tensors {names} passed to wp.launch under a Tape will be changed by "
+            "tape.backward(), and wp.from_torch cannot convert them to the kernel's "
+            "parameter type: left as they are",
+            action="not_converted",
+            callsite=call.callsite,
+            target=str(call.target),
+            arguments=names,
+            shapes=[list(arguments[i].shape) for i, _ in left],
+        )
 
     # -- Tape.backward (snapshot action) -----------------------------------------------
 
@@ -199,17 +241,26 @@ def _names(items: list[tuple[int, Any]]) -> list[str]:
     return [param.label for _, param in items]
 
 
-def _convert(
+def _converted(
     warp: Any, arguments: list[Any], items: list[tuple[int, Any]], requires_grad: bool
-) -> None:
-    """Replace torch tensors by Warp arrays of the kernel parameter's dtype, in place."""
+) -> list[tuple[int, Any, Any]]:
+    """``(index, parameter, Warp array)`` for each tensor that converts to its kernel
+    parameter's type; the others (indexed or fabric arrays, another shape or dtype) are
+    left to Warp."""
+    done = []
     for index, param in items:
         declared = param.type
         if not isinstance(declared, warp.array):
-            continue  # indexed or fabric arrays: leave the argument to Warp
-        array = warp.from_torch(arguments[index], dtype=declared.dtype, requires_grad=requires_grad)
+            continue
+        try:
+            array = warp.from_torch(
+                arguments[index], dtype=declared.dtype, requires_grad=requires_grad
+            )
+        except (RuntimeError, TypeError, ValueError):
+            continue
         if array.ndim == declared.ndim:
-            arguments[index] = array
+            done.append((index, param, array))
+    return done
 
 
 GUARD = WarpTorchArgs

@@ -1,0 +1,84 @@
+"""The corpus's comparison finds each kind of difference it promises to (a comparison that
+cannot fail would let every twin pass)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import torch
+from twin_cases import Expectation, load_case
+from twin_compare import differences, outcome_differences, same_tensors
+from twin_runner import Outcome
+
+
+def saved(value: object) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def outcome(**changes: object) -> Outcome:
+    fields: dict[str, object] = {
+        "variant": "plain",
+        "folder": Path("/run/plain"),
+        "returncode": 0,
+        "stdout": "ok\n",
+        "stderr": "",
+        "exception": None,
+        "files": {"result.pt": saved({"x": torch.tensor([1.0, float("nan"), -0.0])})},
+        "events": [],
+        "seconds": 1.0,
+    }
+    fields.update(changes)
+    return Outcome(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"returncode": 1},
+        {"stdout": "ok \n"},
+        {"exception": {"type": "builtins.KeyError", "cause": None, "context": None}},
+        {"files": {}},
+        {"files": {"result.pt": saved({"x": torch.tensor([1.0, 2.0, -0.0])})}},  # NaN gone
+        {"files": {"result.pt": saved({"x": torch.tensor([1.0, float("nan"), 0.0])})}},  # +0
+        {"files": {"result.pt": saved({"x": torch.tensor([1.0, float("nan"), -0.0]).double()})}},
+        {"files": {"result.pt": saved({"x": torch.tensor([1.0, float("nan"), -0.0]), "y": 1})}},
+    ],
+)
+def test_each_difference_is_found(changed):
+    assert outcome_differences(outcome(), outcome(**changed))
+
+
+def test_equal_runs_and_equal_tensors_saved_apart_are_the_same():
+    assert outcome_differences(outcome(), outcome()) == []
+    strided = torch.tensor([[1.0, float("nan")], [3.0, 4.0]]).t()
+    assert same_tensors(saved([strided]), saved([strided.contiguous()]))
+
+
+def test_events_must_be_exactly_the_declared_ones_at_the_programs_own_lines():
+    event = {"guard": "grad_mode", "action": "enable_grad", "callsite": "/run/fix/case.py:9"}
+    guarded = outcome(variant="fix", folder=Path("/run/fix"), events=[event])
+    assert differences(outcome(), guarded, Expectation(events=("grad_mode/enable_grad",))) == []
+    assert differences(outcome(), guarded, Expectation())  # none declared
+    elsewhere = {**event, "callsite": "/venv/torch/nn/modules/module.py:1520"}
+    expected = Expectation(events=("grad_mode/enable_grad",))
+    assert differences(outcome(), outcome(variant="fix", events=[elsewhere]), expected)
+    note = outcome(variant="fix", stderr="autograd-guard error: something\n")
+    assert differences(outcome(), note, Expectation())
+
+
+def test_a_case_declares_its_policy_modes_and_expectations(tmp_path):
+    case = tmp_path / "demo.py"
+    case.write_text(
+        '"""A demo."""\n\nTWIN = {"policy": "x = " + "[" * 3 + "]" * 3, '
+        '"modes": {"fix": {"events": ["g/a"], "like": "handfix"}, "strict": {}}}\n'
+    )
+    loaded = load_case(case)
+    assert loaded.policy == "x = [[[]]]" and loaded.doc == "A demo."
+    assert loaded.variants() == ["handfix", "plain", "fix", "strict"]
+    case.write_text('TWIN = {"mode": "fix"}\n')
+    with pytest.raises(ValueError, match="TWIN must be a dict"):
+        load_case(case)

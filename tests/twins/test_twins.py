@@ -1,0 +1,91 @@
+"""The twin-run corpus (issue 19): each program in ``cases/`` runs unguarded and guarded, the
+guard started by the real ``.pth`` of the built wheel in a fresh venv, and the guarded run
+must do exactly what the unguarded one did, except for the remedy it declares and logs.
+
+Every run of the selected cases starts at once on a small pool (``TWINS_WORKERS``, 2 by
+default); each test waits for its own runs."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import thirdparty
+from helpers import ipex_standin
+from twin_cases import MODES, Case, all_cases
+from twin_compare import differences, outcome_differences
+from twin_runner import Outcome, run
+
+CASES = all_cases()
+WORKERS = int(os.environ.get("TWINS_WORKERS", "2"))
+
+
+class Runs:
+    """The child runs of the selected cases, started together."""
+
+    def __init__(self, python: Path, root: Path, cases: list[Case]) -> None:
+        self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="twin")
+        self.futures: dict[tuple[str, str], Future[Outcome]] = {}
+        # The unguarded runs first: they fill the kernel caches (Warp, inductor) that the
+        # other runs of the same case then read instead of compiling at the same time.
+        runs = [(c, v) for c in cases for v in c.variants()]
+        runs.sort(key=lambda run: run[1] != "plain")
+        for case, variant in runs:
+            paths = [str(_library(name, root)) for name in case.libraries]
+            self.futures[case.name, variant] = self.pool.submit(
+                run, case, variant, python, root, paths
+            )
+
+    def outcomes(self, case: Case) -> dict[str, Outcome]:
+        return {v: self.futures[case.name, v].result() for v in case.variants()}
+
+
+def _library(name: str, root: Path) -> Path:
+    if name.startswith("ipex-"):
+        site = root / name
+        return site if site.exists() else ipex_standin(site, name.partition("-")[2])
+    return thirdparty.install(name)
+
+
+@pytest.fixture(scope="session")
+def twin_runs(request: pytest.FixtureRequest, guard_python: Path, tmp_path_factory):
+    selected = [
+        item.callspec.params["case"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_twin"
+    ]
+    runs = Runs(guard_python, tmp_path_factory.mktemp("twins"), selected)
+    yield runs
+    runs.pool.shutdown(cancel_futures=True)
+
+
+def _param(case: Case):
+    marks = [pytest.mark.xfail(strict=True, reason=case.xfail)] if case.xfail else []
+    return pytest.param(case, id=case.name, marks=marks)
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+def test_twin(case: Case, twin_runs: Runs) -> None:
+    outcomes = twin_runs.outcomes(case)
+    problems = []
+    if "handfix" in outcomes and not outcome_differences(outcomes["plain"], outcomes["handfix"]):
+        problems.append("the hand fix changes nothing: the case shows no bug to remedy")
+    for mode, expected in case.modes.items():
+        problems += differences(outcomes[expected.like], outcomes[mode], expected)
+    if problems:
+        streams = "\n".join(
+            f"--- {o.variant}: exit {o.returncode} ({o.seconds:.1f} s)\n{o.stderr[-3000:]}"
+            for o in outcomes.values()
+        )
+        pytest.fail(f"{case.name}: {case.doc}\n" + "\n".join(problems) + "\n" + streams)
+
+
+def test_the_corpus_covers_every_guard_and_mode() -> None:
+    from autograd_guard.guards import available
+
+    assert len(CASES) >= 40
+    expected = {e.partition("/")[0] for c in CASES for x in c.modes.values() for e in x.events}
+    assert {g.name for g in available()} <= expected
+    assert {m for c in CASES for m in c.modes} == set(MODES)
