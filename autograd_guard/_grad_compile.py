@@ -102,8 +102,10 @@ class EagerHooks:
         if run_step is None or wrapper_code is None:
             return
         for kind in list(vars(torch.optim).values()):
-            if not (isinstance(kind, type) and issubclass(kind, torch.optim.Optimizer)):
+            if not isinstance(kind, type) or not issubclass(kind, torch.optim.Optimizer):
                 continue
+            if kind is torch.optim.Optimizer:
+                continue  # its step is abstract: never hooked
             step = kind.__dict__.get("step")
             if step is None or getattr(step, _OURS, False) or _calls_hooks(step, wrapper_code):
                 continue

@@ -65,7 +65,11 @@ class StepFlow:
         record.evaluations = 0
         closure, position = closure_of(optimizer, args, kwargs)
         if closure is not None:
-            if self.mode != "observe" and evaluates_repeatedly(optimizer):
+            if (
+                self.mode != "observe"
+                and self.config["nonfinite"]
+                and evaluates_repeatedly(optimizer)
+            ):
                 record.snapshot = Snapshot(optimizer)
             checked = self._closure_then_check(optimizer, record, closure)
             return with_closure(args, kwargs, checked, position)
@@ -179,8 +183,14 @@ class StepFlow:
 
     def _lend_flag(self, optimizer: Any, record: Record, grads: list[Any]) -> bool:
         """On a device where reading the flag means a host sync (CUDA): a fused optimizer
-        takes it (fix) and skips the step itself; ``observe`` reads it steps later."""
-        lend = self.mode == "fix" and getattr(optimizer, "_step_supports_amp_scaling", False)
+        takes it (fix) and skips the step itself; ``observe`` reads it steps later. Not on
+        a parameter's first step: fused SGD's kernel, skipping, leaves the momentum buffer
+        it just made uninitialised."""
+        lend = (
+            self.mode == "fix"
+            and getattr(optimizer, "_step_supports_amp_scaling", False)
+            and len(optimizer.state) >= len(grads)
+        )
         if not (lend or self.mode == "observe"):
             return False
         flag = self._finite.device_flag(grads)
