@@ -92,9 +92,11 @@ def test_threads_training_models_of_their_own_never_share_a_flag(lockstep_kernel
 # -- 2. closures evaluated several times ------------------------------------------------
 
 
-def lbfgs_program(bad_evaluation: int) -> dict[str, object]:
+def lbfgs_program(bad_evaluation: int, made: dict[str, object] | None = None) -> dict[str, object]:
     x = torch.nn.Parameter(torch.zeros(2))
     optimizer = torch.optim.LBFGS([x], lr=1, max_iter=5)
+    if made is not None:
+        made.update(x=x, optimizer=optimizer)
     calls = [0]
 
     def closure() -> torch.Tensor:
@@ -120,6 +122,20 @@ def test_lbfgs_a_step_said_skipped_is_skipped_whole(bad_evaluation):
     assert guarded["calls"] == bad_evaluation  # the step stopped at the bad evaluation
     [event] = [e for e in events if e["action"] == "nonfinite_gradient"]
     assert "was skipped" in event["event"] and "as before it" in event["event"]
+
+
+def test_lbfgs_strict_raises_with_the_weights_and_state_as_before_the_step():
+    def program() -> dict[str, object]:
+        made: dict[str, object] = {}
+        try:
+            return lbfgs_program(2, made)
+        except autograd_guard.GuardError as error:
+            return {"error": str(error), **outcome([made["x"]], made["optimizer"])}
+
+    _, guarded, _ = twin(program, {"mode": "strict"})
+    assert "evaluation 2 of the closure of this LBFGS step" in guarded["error"]
+    assert_same(guarded["weights"], [torch.zeros(2)])
+    assert guarded["state"][0]["state"] == {}
 
 
 class TwiceEvaluated(torch.optim.Optimizer):
