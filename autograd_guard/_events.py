@@ -37,6 +37,9 @@ NOT_INTERVENTIONS = frozenset(
     }
 )
 
+# Events that report a finding: a diagnosis of the user's code; nothing was changed.
+FINDINGS = frozenset({"lost_gradient", "nonfinite_origin", "training_stalled"})
+
 
 def configure(destination: str | None, source: str = "AUTOGRAD_GUARD_LOG") -> None:
     """Send events to ``stderr``, ``logging`` or a file path (JSON lines); ``source`` says
@@ -176,13 +179,16 @@ def _summary_at_exit() -> None:
 
 
 def describe_counts(rows: list[dict[str, Any]]) -> str:
-    """ "3 interventions at 2 call sites; 1 other event" (errors and notes apart)."""
-    done = [r for r in rows if r["action"] not in NOT_INTERVENTIONS]
+    """ "3 interventions at 2 call sites; 1 finding; 1 other event" (findings, errors and
+    notes apart)."""
+    done = [r for r in rows if r["action"] not in NOT_INTERVENTIONS | FINDINGS]
+    found = sum(r["count"] for r in rows if r["action"] in FINDINGS)
     other = sum(r["count"] for r in rows if r["action"] in NOT_INTERVENTIONS)
     text = (
         f"{plural(sum(r['count'] for r in done), 'intervention')} at "
         f"{plural(len({(r['guard'], r['callsite']) for r in done}), 'call site')}"
     )
+    text += f"; {plural(found, 'finding')}" if found else ""
     return text + (f"; {plural(other, 'other event')} (notes and errors)" if other else "")
 
 

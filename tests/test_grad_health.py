@@ -61,7 +61,7 @@ def test_a_correct_loop_is_silent(mode):
 
 
 def test_a_detached_backbone_is_named_once_with_the_step_line():
-    autograd_guard.install({})
+    autograd_guard.install({"guards": {"grad_health": {"lost_steps": 10}}})
     with capture_events() as events:
         train(Net(detach=True), steps=12)
     [event] = events
@@ -106,7 +106,7 @@ def test_fix_skips_the_step_and_names_the_op_and_the_forward_line():
     assert all(torch.equal(after[k], state[k]) for k in state)
     assert w.grad is not None and not torch.isfinite(w.grad).all()  # the user's gradient
     first, origin = events
-    assert first["action"] == "nonfinite_gradient" and "step skipped" in first["event"]
+    assert first["action"] == "nonfinite_gradient" and "step was skipped" in first["event"]
     assert origin["action"] == "nonfinite_origin" and origin["op"] == "SqrtBackward0"
     assert origin["forward"] == sqrt_line()
     assert not torch.is_anomaly_enabled()  # the probe put everything back
@@ -172,7 +172,7 @@ class Net(torch.nn.Module):
 def worker(rank, log):
     os.environ.update(RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
     import autograd_guard
-    autograd_guard.install({"log": log})
+    autograd_guard.install({"log": log, "guards": {"grad_health": {"lost_steps": 5}}})
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(Net(), find_unused_parameters=True)
@@ -222,12 +222,12 @@ def test_ddp_ranks_report_each_their_own(tmp_path):
 
 
 def test_a_broken_check_leaves_the_step_as_it_is_unguarded(monkeypatch):
-    from autograd_guard.guards import grad_health
+    from autograd_guard import _grad_check
 
-    def broken(grads, flags=None):
+    def broken(self, grads):
         raise KeyError("broken")
 
-    monkeypatch.setattr(grad_health, "all_finite", broken)
+    monkeypatch.setattr(_grad_check.FiniteCheck, "all_finite", broken)
     autograd_guard.install({})
     w = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.SGD([w], lr=0.5)
@@ -302,6 +302,9 @@ def test_the_op_and_line_inside_a_module_are_named_once_in_observe():
     assert not torch.is_anomaly_enabled() and torch.autograd.backward is ORIGINAL_BACKWARD
 
 
+@pytest.mark.skipif(
+    not hasattr(torch.amp, "GradScaler"), reason="no GradScaler for the CPU in this torch"
+)
 def test_gradscaler_steps_are_left_to_gradscaler():
     # A scaled loss overflows on purpose now and then; GradScaler skips those steps itself
     # (fused Adam gets the scaled gradients and the inf flag): no event.
@@ -381,26 +384,3 @@ def test_on_by_default_when_the_guard_is_on(guard_python, tmp_path):
     assert "finite True" in guarded.stdout
     assert "[grad_health/nonfinite_gradient]" in guarded.stderr
     assert "<string>:8" in guarded.stderr  # the optimizer.step() line
-
-
-def test_under_torch_compile_the_check_runs_at_a_graph_break():
-    net = Norm()
-    torch.nn.init.zeros_(net.lin.weight)
-    torch.nn.init.zeros_(net.lin.bias)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-
-    @torch.compile(backend="eager")
-    def step():
-        optimizer.zero_grad()
-        net(torch.ones(2, 3)).sum().backward()
-        optimizer.step()
-
-    autograd_guard.install({})
-    before = [p.detach().clone() for p in net.parameters()]
-    with capture_events() as events:
-        for _ in range(3):
-            step()
-    assert all(torch.equal(b, p) for b, p in zip(before, net.parameters(), strict=True))
-    assert [e["action"] for e in events] == ["nonfinite_gradient", "nonfinite_origin"]
-    assert events[0]["parameters"] == ["lin.weight", "lin.bias"]  # not Dynamo's own names
-    torch._dynamo.reset()

@@ -9,46 +9,65 @@ Lightning's and ignite's NaN terminators stop the run without saying where; AMP'
 ``GradScaler`` skips such steps silently.
 Affected: any torch version, any optimizer (torch's global optimizer step hooks).
 Upstream: pytorch/pytorch#160016 (a cheaper NaN finder).
-Remedy: at each ``optimizer.step()`` (after its closure, if it has one), one fused check
-(AMP's non-finite kernel with a scale of 1.0, which leaves the values as they are, and
-one sync) for non-finite gradients: ``observe`` names the parameters, ``fix`` skips that
-step (weights and optimizer state untouched, as GradScaler does), ``strict`` raises before
-the weights change. Steps that GradScaler hands to a fused optimizer are GradScaler's to
-skip. After the first non-finite step, the next few backward passes are recorded (anomaly
-mode's forward tracebacks, with ``check_nan=False``) to name the backward op that first
-produced the value and the forward line that created it. Over the first steps, a
-parameter that never gets a gradient while others do is named once.
+Remedy: at each ``optimizer.step()`` (after each evaluation of its closure, if it has one),
+one fused check for non-finite gradients: ``observe`` names the parameters, ``fix`` skips
+that step with weights and optimizer state untouched (a fused optimizer on CUDA is handed
+the flag and skips on the device, with no host sync; a closure evaluated several times is
+undone from a snapshot), ``strict`` raises before the weights change. The user's step hooks
+see the gradients either way. Steps that GradScaler hands to a fused optimizer are its to
+skip. After the first non-finite step, a few backward passes are recorded to name the
+backward op that first produced the value and the forward line that ran it. A parameter
+that gets no gradient over the first ``lost_steps`` steps while others do is a finding,
+named once; so is a run whose every step is non-finite for ``stall_steps`` steps.
 """
 
 from __future__ import annotations
 
-import sys
+import threading
 
-from autograd_guard._grad_probe import BackwardProbe, all_finite, parameter_names
+from autograd_guard._grad_check import FiniteCheck, all_values_finite, parameter_names
+from autograd_guard._grad_compile import EagerHooks
+from autograd_guard._grad_flow import StepFlow
+from autograd_guard._grad_probe import BackwardProbe
+from autograd_guard._grad_record import Record, Records
 from autograd_guard._guard import Guard, GuardError, Option
-from autograd_guard._wrapper import argument, find_callsite
+from autograd_guard._wrapper import find_callsite
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from types import ModuleType
-    from typing import Any
+    from typing import Any, NoReturn
+
+NONFINITE_REMEDY = (
+    "make the op named by the nonfinite_origin event safe for gradients (sqrt(x + eps), "
+    "clamp its input, torch.where on a safe input) or lower the learning rate"
+)
+LOST_REMEDY = (
+    "find where the parameter leaves the autograd graph (.detach(), .data, torch.no_grad, "
+    "a NumPy round trip), or set requires_grad=False if it is meant to stay frozen"
+)
+ORIGIN_REMEDY = (
+    "make that forward operation safe for gradients: add an epsilon (sqrt(x + eps)), "
+    "clamp its input, or compute it with torch.where on a safe input"
+)
+STALL_REMEDY = (
+    "stop the run and fix the op named by nonfinite_origin, or resume from a checkpoint: "
+    "a step with non-finite gradients does not train"
+)
 
 
-class GradHealth(Guard):
+class GradHealth(StepFlow, Guard):
     name = "grad_health"
     symptom = "a parameter gets no gradient, or a non-finite gradient reaches the optimizer"
     upstream = "https://github.com/pytorch/pytorch/issues/160016"
-    remedy = (
-        "find where the parameter leaves the graph (.detach(), .data, no_grad, numpy), or "
-        "guard the op named in the event against non-finite gradients"
-    )
+    remedy = NONFINITE_REMEDY
     modules = ("torch.optim.optimizer",)
     options = {
         "lost_steps": Option(
             int,
-            5,
-            "steps over which a parameter that never gets a gradient is reported",
+            100,
+            "optimizer steps after which a parameter that never got a gradient, while "
+            "others did, is named (0: off)",
             minimum=0,
             maximum=1_000_000,
         ),
@@ -56,171 +75,145 @@ class GradHealth(Guard):
         "localize_steps": Option(
             int,
             3,
-            "backward passes recorded after a non-finite step to find its op",
+            "backward passes recorded after a non-finite step to find its op (0: off)",
             minimum=0,
             maximum=1000,
+        ),
+        "stall_steps": Option(
+            int,
+            20,
+            "non-finite steps in a row after which the run is said, once and as an error, "
+            "not to be training (0: off)",
+            minimum=0,
+            maximum=1_000_000,
         ),
     }
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._handles: list[Any] = []
-        self._seen: Any = None  # optimizer -> (steps, ids of parameters that had a gradient)
-        self._skipped: dict[int, list[tuple[Any, Any]]] = {}  # optimizer id -> stashed grads
-        self._described: set[tuple[str, str]] = set()  # (action, call site) named already
+        self._records = Records()
+        self._finite = FiniteCheck()
+        self._hooks = EagerHooks()
         self._probe: BackwardProbe | None = None
-        self._localized = False
-        self._flags: dict[Any, tuple[Any, Any]] = {}  # device -> (found_inf, scale 1.0)
-        self._check_eager: Callable[..., None] = self._check
+        self._probes_left = 3  # a probe may find nothing (another thread's passes)
+        self._named: set[tuple[str, str]] = set()  # (action, call site) named already
+        self._probe_lock = threading.Lock()
 
     def _on_import(self, module: ModuleType) -> None:
-        import weakref
+        from autograd_guard import _importer
 
-        self._seen = weakref.WeakKeyDictionary()
-        # Under torch.compile the hooks run eagerly at a graph break: traced, the check's
-        # sync would fail and the step would go unchecked.
-        eager = getattr(getattr(sys.modules["torch"], "compiler", None), "disable", None)
-        eager = eager or (lambda fn: fn)
-        self._check_eager = eager(self._check)
-        self._handles = [
-            module.register_optimizer_step_pre_hook(eager(self._before_step)),
-            module.register_optimizer_step_post_hook(eager(self._after_step)),
-        ]
+        self._hooks.register(module, self._before_step, self._after_step)
+        _importer.when_imported("torch._dynamo", self._dynamo_imported)
+
+    def _dynamo_imported(self, dynamo: ModuleType) -> None:
+        try:
+            self._hooks.dynamo_imported(dynamo, self._run_unhooked_step)
+        except Exception as exc:  # fail open: the hooks run as they are
+            self.fail("hook", exc)
 
     def _on_uninstall(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        if self._probe is not None:
-            self._probe.disarm()
-            self._probe = None
+        self._hooks.remove()
+        for record in self._records.all():
+            if record.window is not None:
+                record.window.restore()
+                record.window.detach()
+        with self._probe_lock:
+            if self._probe is not None:
+                self._probe.disarm()
+                self._probe = None
 
-    # -- the hooks ---------------------------------------------------------------------
-
-    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
-        if not self.active:
-            return None
-        if self._skipped:
-            self._skipped.pop(id(optimizer), None)  # left by a step that raised
-        closure = argument(args, kwargs, "closure", 1) if len(args) > 1 or kwargs else None
-        if closure is None:
-            self._check(optimizer, kwargs, first=True)
-            return None
-        # The gradients exist only once the closure has run inside step(): check then.
-        checked = self._after_closure(optimizer, closure, kwargs)
-        if len(args) > 1:
-            return (args[0], checked, *args[2:]), kwargs
-        return args, {**kwargs, "closure": checked}
-
-    def _after_closure(self, optimizer: Any, closure: Any, kwargs: Any) -> Callable[[], Any]:
-        calls = [0]
-
-        def closure_then_check() -> Any:
-            loss = closure()
-            calls[0] += 1
-            if self.active:
-                self._check_eager(optimizer, kwargs, first=calls[0] == 1)
-            return loss
-
-        return closure_then_check
-
-    def _check(self, optimizer: Any, kwargs: Any, first: bool) -> None:
-        try:
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            if first and self.config["lost_steps"]:
-                self._track_lost(optimizer, params)
-            if self.config["nonfinite"] and not _scaler_decides(optimizer, kwargs):
-                self._check_finite(optimizer, params)
-        except GuardError:
-            raise  # strict: the step must not run
-        except Exception as exc:  # fail open: the optimizer steps as it would unguarded
-            self.fail("step check", exc)
-
-    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._skipped:
-            for param, grad in self._skipped.pop(id(optimizer), ()):
-                param.grad = grad  # the skipped step is over: the user's gradients come back
-        if self._probe is not None:
-            try:
-                self._probe_step_done(self._probe)
-            except Exception as exc:  # fail open
-                self.fail("after step", exc)
-
-    # -- lost gradients ----------------------------------------------------------------
-
-    def _track_lost(self, optimizer: Any, params: list[Any]) -> None:
-        steps, had_grad = self._seen.get(optimizer, (0, set()))
-        if steps >= self.config["lost_steps"]:
-            return
-        had_grad.update(id(p) for p in params if p.grad is not None)
-        steps += 1
-        self._seen[optimizer] = (steps, had_grad)
-        if steps < self.config["lost_steps"] or not had_grad:
-            return
-        lost = [p for p in params if p.requires_grad and id(p) not in had_grad]
-        if lost:
-            names = parameter_names(lost)
+    def _nonfinite(
+        self, optimizer: Any, record: Record, with_grad: list[Any], on_device: bool = False
+    ) -> None:
+        site = _step_site()
+        names = self._names("nonfinite_gradient", site, with_grad)
+        what = f"non-finite gradient in {', '.join(names or ['some parameters'])}"
+        done = self._skip(optimizer, record, with_grad, on_device, what, site, names)
+        self.emit(
+            f"{what}: {done}",
+            action="nonfinite_gradient",
+            callsite=site,
+            parameters=names,
+            optimizer=type(optimizer).__name__,
+            evaluation=record.evaluations or None,
+        )
+        self._arm_probe()
+        if record.nonfinite(self.config["stall_steps"]):
             self.emit(
-                f"{len(lost)} parameter(s) got no gradient in the first {steps} steps while "
-                f"others did: {', '.join(names)}",
-                action="lost_gradient",
-                callsite=_step_site(),
-                parameters=names,
-                shapes=[list(p.shape) for p in lost],
+                f"{record.in_a_row} optimizer steps in a row had non-finite gradients "
+                f"({'each was skipped' if self.mode == 'fix' else 'in ' + self.mode}): "
+                "training is not progressing",
+                action="training_stalled",
+                callsite=site,
+                level="error",
+                remedy=STALL_REMEDY,
+                steps=record.in_a_row,
             )
 
-    # -- non-finite gradients ----------------------------------------------------------
+    def _refuse(self, what: str, site: str, names: Any, moved: bool) -> NoReturn:
+        note = "; the weights had already been updated by its earlier evaluations" if moved else ""
+        event = f"{what} was stopped before the weights changed{note}"
+        hint = " (observe or fix also name the backward op and the forward line)"
+        self.emit(
+            event, action="nonfinite_gradient", callsite=site, level="error", parameters=names
+        )
+        raise GuardError(
+            f"autograd-guard [{self.name}] at {site}: {event}. Remedy: {NONFINITE_REMEDY}{hint}"
+        )
 
-    def _check_finite(self, optimizer: Any, params: list[Any]) -> None:
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads or all_finite(grads, self._flags):
-            return
-        with_grad = [p for p in params if p.grad is not None]
-        self._arm_probe()
-        action, site = "nonfinite_gradient", _step_site()
-        names = None  # named (one scan of live modules) once per call site, or in strict
-        if self.mode == "strict" or (action, site) not in self._described:
-            self._described.add((action, site))
-            names = parameter_names([p for p in with_grad if not all_finite([p.grad])])
-        what = f"non-finite gradient in {', '.join(names or ['some parameters'])}"
-        if self.mode == "strict":
-            self.refuse(what, action=action, callsite=site, parameters=names)
-        done = "; optimizer step skipped, weights unchanged" if self.mode == "fix" else ""
-        self.emit(what + done, action=action, callsite=site, parameters=names)
-        if self.mode == "fix":  # the optimizer skips parameters without a gradient
-            self._skipped[id(optimizer)] = [(p, p.grad) for p in with_grad]
-            for p in with_grad:
-                p.grad = None
+    def _names(self, action: str, site: str, params: list[Any]) -> list[str] | None:
+        """The non-finite parameters' names: one scan of live modules per call site (each
+        time in strict, which raises)."""
+        if not params or (self.mode != "strict" and (action, site) in self._named):
+            return None
+        self._named.add((action, site))
+        bad = [p for p in params if not all_values_finite(p.grad)]
+        return parameter_names(bad or params)
 
-    # -- where it came from ------------------------------------------------------------
+    # -- findings ----------------------------------------------------------------------
+
+    def _report_lost(self, lost: list[Any]) -> None:
+        names = parameter_names(lost)
+        steps = self.config["lost_steps"]
+        self.emit(
+            f"{len(lost)} parameter(s) got no gradient in {steps} optimizer steps while the "
+            f"others did: {', '.join(names)}",
+            action="lost_gradient",
+            callsite=_step_site(),
+            remedy=LOST_REMEDY,
+            parameters=names,
+            shapes=[list(p.shape) for p in lost],
+        )
 
     def _arm_probe(self) -> None:
-        if self._probe is None and not self._localized and self.config["localize_steps"]:
-            self._probe = BackwardProbe(self.config["localize_steps"])
-            self._probe.arm()
+        passes = self.config["localize_steps"]
+        with self._probe_lock:
+            if self._probe is None and self._probes_left > 0 and passes:
+                self._probes_left -= 1
+                probe = BackwardProbe(passes, passes + 2, self._hooks.eager)
+                probe.arm()
+                self._probe = probe
 
-    def _probe_step_done(self, probe: BackwardProbe) -> None:
-        if not probe.step_done():
-            return
-        self._probe, self._localized = None, True
+    def _probe_finished(self, probe: BackwardProbe) -> None:
+        with self._probe_lock:
+            if self._probe is not probe:
+                return
+            self._probe = None
+            if probe.origin is not None:
+                self._probes_left = 0
         if probe.error is not None:
             self.fail("localise", probe.error)
         elif probe.origin is not None:
             op, line = probe.origin
             self.emit(
-                f"the non-finite gradient first came out of {op} in backward(), for the "
-                f"forward operation at {line}",
+                f"the first non-finite gradient came out of {op}, the backward of the "
+                f"forward operation on line {line}; seen by the optimizer step",
                 action="nonfinite_origin",
                 callsite=_step_site(),
+                remedy=ORIGIN_REMEDY,
                 op=op,
                 forward=line,
             )
-
-
-def _scaler_decides(optimizer: Any, kwargs: Any) -> bool:
-    """GradScaler handed this step to an optimizer that unscales and skips inf steps itself
-    (fused Adam/AdamW/SGD): the gradients are still scaled, and an inf is expected."""
-    return "grad_scaler" in kwargs or getattr(optimizer, "found_inf", None) is not None
 
 
 def _step_site() -> str:

@@ -1,0 +1,205 @@
+"""grad_health's finiteness check of the gradients an optimizer is about to use.
+
+One fused kernel per step where torch has one for the device (AMP's
+``_amp_foreach_non_finite_check_and_unscale_`` with a scale of 1.0, which leaves the values
+as they are), feature-detected once per device type: torch 2.1 has no CPU kernel. Without
+it, one sum per gradient screens them (a non-finite value makes its sum non-finite) and an
+exact ``isfinite`` confirms, since a sum of finite values can overflow.
+
+The flag the kernel sets lives per thread and device: threads that train models of their
+own never share one. A ``device_flag`` is a fresh flag per step, left on the device, for
+a fused optimizer that skips the step itself (as under GradScaler), with no host sync.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+# Device types where a fused optimizer's step takes the flag without a host sync. The CPU
+# is left out (a read costs nothing there); tests add it to run this path on the CPU.
+DEFERRED_DEVICE_TYPES = {"cuda"}
+
+
+class FiniteCheck:
+    """Whether gradients are all finite, with flags of each thread's own."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._kernel_works: dict[str, bool] = {}  # device type -> AMP's kernel runs there
+
+    def all_finite(self, grads: list[Any]) -> bool:
+        """One sync per device. Meta and fake tensors hold no values: they pass."""
+        torch = sys.modules["torch"]
+        first = grads[0]
+        if type(first) is torch.Tensor and self._kernel(torch, first.device):
+            try:
+                return self._fused(torch, grads, first.device)
+            except (RuntimeError, TypeError):  # several devices, sparse or complex gradients
+                pass
+        by_device: dict[Any, list[Any]] = {}
+        for grad in grads:
+            values = grad._values() if grad.is_sparse else grad
+            values = torch.view_as_real(values) if values.is_complex() else values
+            by_device.setdefault(values.device, []).append(values)
+        return all(self._group_finite(torch, group) for group in by_device.values())
+
+    def device_flag(self, grads: list[Any]) -> Any:
+        """A new 0-dim tensor (as GradScaler lends) on the gradients' device, 1.0 where any
+        is not finite; None where this cannot be had without a sync (no kernel, several
+        devices)."""
+        torch = sys.modules["torch"]
+        device = grads[0].device
+        if device.type not in DEFERRED_DEVICE_TYPES or _capturing(torch, device):
+            return None
+        if type(grads[0]) is not torch.Tensor or not self._kernel(torch, device):
+            return None
+        found = torch.zeros((), device=device)  # fresh: read while the next step runs
+        try:
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, self._one(device))
+        except (RuntimeError, TypeError):
+            return None
+        return found
+
+    def _group_finite(self, torch: Any, group: list[Any]) -> bool:
+        device = group[0].device
+        if device.type == "meta" or _fake(group[0]):
+            return True  # no values to check; the optimizer says what it makes of them
+        if self._kernel(torch, device):
+            try:
+                return self._fused(torch, group, device)
+            except (RuntimeError, TypeError):
+                pass
+        sums = torch.stack([gradient_sum(torch, g).float() for g in group])
+        if bool(sums.isfinite().all()):
+            return True
+        return all(bool(g.isfinite().all()) for g in group)
+
+    def _fused(self, torch: Any, grads: list[Any], device: Any) -> bool:
+        if _capturing(torch, device):
+            return True  # no sync is allowed inside a CUDA graph capture
+        flags = self._local.__dict__.setdefault("flags", {})
+        found = flags.get(device)
+        if found is None:
+            found = flags[device] = torch.zeros(1, device=device)
+        try:  # found stays 0 between healthy steps: no zero_() per step
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, self._one(device))
+        except BaseException:
+            found.zero_()  # a kernel stopped midway may have set it
+            raise
+        if not found.item():
+            return True
+        found.zero_()
+        return False
+
+    def _one(self, device: Any) -> Any:
+        ones = self._local.__dict__.setdefault("ones", {})
+        one = ones.get(device)
+        if one is None:
+            one = ones[device] = sys.modules["torch"].ones(1, device=device)
+        return one
+
+    def _kernel(self, torch: Any, device: Any) -> bool:
+        """AMP's kernel runs on this device type (feature-detected once)."""
+        works = self._kernel_works.get(device.type)
+        if works is None:
+            works = False
+            if device.type != "meta":
+                try:
+                    probe = [torch.zeros(1, device=device)]
+                    torch._amp_foreach_non_finite_check_and_unscale_(
+                        probe, torch.zeros(1, device=device), torch.ones(1, device=device)
+                    )
+                    works = True
+                except (NotImplementedError, RuntimeError, AttributeError):
+                    pass
+            self._kernel_works[device.type] = works
+        return works
+
+
+def gradient_sum(torch: Any, grad: Any) -> Any:
+    """A sum, not finite when ``grad`` is not (or, for finite values, when it passes 3e38):
+    one read of the tensor, several times cheaper than ``isfinite().all()``. Half
+    precisions are summed in float32, whose range a sum of them cannot pass."""
+    values = grad._values() if grad.is_sparse else grad
+    values = values.detach()
+    if values.is_complex():
+        values = torch.view_as_real(values)
+    if values.element_size() < 4:
+        return values.sum(dtype=torch.float32)
+    return values.sum()
+
+
+def all_values_finite(grad: Any) -> bool:
+    """One gradient, exactly (to name parameters, only when something is reported)."""
+    torch = sys.modules["torch"]
+    values = grad._values() if grad.is_sparse else grad
+    if values.is_meta or _fake(values):
+        return True
+    values = torch.view_as_real(values) if values.is_complex() else values
+    return bool(values.isfinite().all())
+
+
+def _fake(tensor: Any) -> bool:
+    fake = sys.modules.get("torch._subclasses.fake_tensor")
+    return fake is not None and isinstance(tensor, fake.FakeTensor)
+
+
+def _capturing(torch: Any, device: Any) -> bool:
+    return device.type == "cuda" and bool(torch.cuda.is_current_stream_capturing())
+
+
+# Modules of torch.compile's own that hold the user's (Dynamo's FakeRootModule on 2.1)
+_COMPILER_MODULES = ("torch._dynamo.", "torch.fx.", "torch._functorch.")
+
+
+class PendingFlag:
+    """A step's device flag, read once it is ready, never by waiting for it."""
+
+    __slots__ = ("event", "host")
+
+    def __init__(self, flag: Any) -> None:
+        torch = sys.modules["torch"]
+        self.event = None
+        self.host = flag
+        if flag.device.type == "cuda":
+            self.host = torch.empty(1, pin_memory=True)
+            self.host.copy_(flag, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def ready(self) -> bool:
+        return self.event is None or bool(self.event.query())
+
+    def nonfinite(self) -> bool:
+        return bool(self.host.item())
+
+
+def parameter_names(params: list[Any]) -> list[str]:
+    """Qualified names (``backbone.0.weight``) from the modules that own the parameters,
+    found by one scan of live objects (run only when something is reported)."""
+    import gc
+
+    torch = sys.modules["torch"]
+    wanted = {id(p) for p in params}
+    names: dict[int, str] = {}
+    module_type = torch.nn.Module
+    fx = sys.modules.get("torch.fx")
+    generated = (fx.GraphModule,) if fx is not None else ()  # torch.compile's own graphs
+    for obj in gc.get_objects():
+        kind = type(obj)  # never a proxy's __class__
+        if (
+            issubclass(kind, module_type)
+            and not issubclass(kind, generated)
+            and not kind.__module__.startswith(_COMPILER_MODULES)
+        ):
+            for name, param in obj.named_parameters():
+                name = name.replace("_orig_mod.", "")  # a torch.compile'd model's wrapper
+                # the outermost module gives the longest, most telling name
+                if id(param) in wanted and len(name) > len(names.get(id(param), "")):
+                    names[id(param)] = name
+    return [names.get(id(p), f"<unnamed {tuple(p.shape)}>") for p in params]

@@ -1,0 +1,142 @@
+"""grad_health under ``torch.compile``: its hooks run eagerly whatever the import order,
+and keep running on torch 2.1, whose first compile strips the optimizer-hook wrapper.
+
+Eager: Dynamo traces into any Python hook that an optimizer step calls; traced, the check's
+sync fails and the NaN step goes through. So the hooks are ``torch._dynamo.disable``d (a
+graph break, then eager). Under the ``.pth`` auto-load, ``torch.optim.optimizer`` is
+imported while ``import torch`` still runs, before ``torch._dynamo`` can be: the hooks are
+registered as they are and swapped in place (same order) for their disabled forms once
+``torch._dynamo`` is imported. Creating any optimizer imports it, so before any step.
+
+Stripped: torch 2.1's ``TorchPatcher.patch`` (run by the first compile) takes ``step`` of
+each torch.optim class out of the wrapper that calls the step hooks, and stops later
+wrapping. Seen by its effect once it has run: each such class gets a wrapper of ours that
+runs the guard's step logic around the original, undone at uninstall.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any
+
+    RunStep = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
+
+_OURS = "_autograd_guard_step"  # marks a step wrapper of ours
+
+
+class EagerHooks:
+    """The guard's global step hooks, disabled for Dynamo as soon as it can be imported."""
+
+    def __init__(self) -> None:
+        self.disable: Callable[[Any], Any] | None = None
+        self._hooks: list[tuple[Any, Callable[..., Any]]] = []  # (handle, plain function)
+        self._wrapped: list[tuple[type, Any]] = []  # (optimizer class, its step before ours)
+        self._patcher: tuple[Any, Any] | None = None  # (TorchPatcher, its own patch)
+        self._run_step: RunStep | None = None
+
+    def eager(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return fn if self.disable is None else self.disable(fn)
+
+    def register(
+        self, module: ModuleType, pre: Callable[..., Any], post: Callable[..., Any]
+    ) -> None:
+        self._hooks = [
+            (module.register_optimizer_step_pre_hook(self.eager(pre)), pre),
+            (module.register_optimizer_step_post_hook(self.eager(post)), post),
+        ]
+
+    def dynamo_imported(self, dynamo: ModuleType, run_step: RunStep) -> None:
+        """From now on the hooks are disabled for Dynamo; torch 2.1's patcher is watched."""
+        self.disable = dynamo.disable
+        for handle, plain in self._hooks:
+            hooks = handle.hooks_dict_ref()
+            if hooks is not None and handle.id in hooks:
+                hooks[handle.id] = self.disable(plain)  # same key: same place in the order
+        self._run_step = run_step
+        self._watch_patcher()
+
+    def remove(self) -> None:
+        for handle, _ in self._hooks:
+            handle.remove()
+        self._hooks = []
+        for kind, step in self._wrapped:
+            if getattr(kind.__dict__.get("step"), _OURS, False):
+                setattr(kind, "step", step)  # noqa: B010
+        self._wrapped = []
+        if self._patcher is not None:
+            patcher, patch = self._patcher
+            patcher.patch = patch
+            self._patcher = None
+
+    # -- torch 2.1's TorchPatcher ------------------------------------------------------
+
+    def _watch_patcher(self) -> None:
+        patcher = getattr(sys.modules.get("torch._dynamo.eval_frame"), "TorchPatcher", None)
+        original = getattr(patcher, "__dict__", {}).get("patch")
+        if not isinstance(original, staticmethod) or self._patcher is not None:
+            return
+
+        def patch(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original.__func__(*args, **kwargs)
+            finally:
+                self.rehook()
+
+        patcher.patch = staticmethod(functools.wraps(original.__func__)(patch))  # type: ignore[union-attr]
+        self._patcher = (patcher, original)
+        cache_info = getattr(original.__func__, "cache_info", None)
+        if cache_info is not None and cache_info().currsize:
+            self.rehook()  # it ran before the guard was installed
+
+    def rehook(self) -> None:
+        """Wrap ``step`` of each torch.optim class whose step no longer calls the hooks."""
+        torch = sys.modules["torch"]
+        run_step = self._run_step
+        wrapper_code = _hook_wrapper_code(torch)
+        if run_step is None or wrapper_code is None:
+            return
+        for kind in list(vars(torch.optim).values()):
+            if not isinstance(kind, type) or not issubclass(kind, torch.optim.Optimizer):
+                continue
+            if kind is torch.optim.Optimizer:
+                continue  # its step is abstract: never hooked
+            step = kind.__dict__.get("step")
+            if step is None or getattr(step, _OURS, False) or _calls_hooks(step, wrapper_code):
+                continue
+            setattr(kind, "step", _step_wrapper(step, self.eager(run_step)))  # noqa: B010
+            self._wrapped.append((kind, step))
+
+
+def _step_wrapper(step: Callable[..., Any], run_step: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(step)
+    def wrapper(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        return run_step(step, optimizer, args, kwargs)
+
+    wrapper.hooked = True  # type: ignore[attr-defined]  # torch must not wrap it again
+    setattr(wrapper, _OURS, True)
+    return wrapper
+
+
+def _hook_wrapper_code(torch: Any) -> Any:
+    """The code object of torch's step wrapper that calls the step hooks."""
+    make = getattr(torch.optim.Optimizer, "profile_hook_step", None)
+    try:
+        return make(lambda *a, **k: None).__code__ if make is not None else None
+    except Exception:
+        return None
+
+
+def _calls_hooks(step: Any, wrapper_code: Any) -> bool:
+    for _ in range(8):  # follow __wrapped__ through decorators
+        if getattr(step, "__code__", None) is wrapper_code:
+            return True
+        step = getattr(step, "__wrapped__", None)
+        if step is None:
+            return False
+    return False

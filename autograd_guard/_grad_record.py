@@ -1,0 +1,121 @@
+"""What grad_health keeps per optimizer: the parameters still waiting for a first
+gradient, the non-finite steps in a row, and the step in progress.
+
+Records are keyed by ``id(optimizer)`` and dropped when the optimizer is collected, so an
+optimizer that defines ``__eq__`` (and so is unhashable) is checked like any other.
+"""
+
+from __future__ import annotations
+
+import collections
+import weakref
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from autograd_guard._grad_check import PendingFlag
+    from autograd_guard._grad_step import SkipWindow, Snapshot
+
+
+class Record:
+    """One optimizer's bookkeeping."""
+
+    __slots__ = (
+        "evaluations",
+        "flag",
+        "in_a_row",
+        "known",
+        "pending",
+        "snapshot",
+        "step",
+        "trained",
+        "unhooked",
+        "waiting",
+        "window",
+    )
+
+    def __init__(self) -> None:
+        self.step = 0  # optimizer steps seen
+        self.known = 0  # parameters registered for the lost-gradient check
+        self.waiting: dict[int, tuple[Any, int]] = {}  # id -> (parameter, its first step)
+        self.trained = False  # some parameter got a gradient
+        self.in_a_row = 0  # non-finite steps in a row
+        self.evaluations = 0  # closure evaluations in the step in progress
+        self.window: SkipWindow | None = None  # the step in progress is being skipped
+        self.snapshot: Snapshot | None = None
+        self.flag: Any = None  # our found_inf, lent to a fused optimizer for this step
+        self.pending: collections.deque[tuple[int, PendingFlag]] = collections.deque()
+        self.unhooked = False  # the step runs in our own wrapper (torch 2.1 after compile)
+
+    def lost(self, params: list[Any], window: int) -> list[Any]:
+        """Parameters that got no gradient for ``window`` steps while others did (each
+        once). Cheap once every parameter has had a gradient."""
+        if len(params) != self.known:  # the first step, or add_param_group
+            self._register(params)
+        if not self.waiting:
+            return []
+        waiting, due = {}, []
+        for key, (param, first) in self.waiting.items():
+            if param.grad is not None:
+                self.trained = True
+            elif self.step - first + 1 >= window:
+                due.append(param)
+            else:
+                waiting[key] = (param, first)
+        self.waiting = waiting
+        return due if self.trained else []
+
+    def _register(self, params: list[Any]) -> None:
+        for param in params[self.known :]:  # groups are only ever appended
+            if param.requires_grad:
+                self.waiting[id(param)] = (param, self.step)
+        self.known = len(params)
+
+    def nonfinite(self, stall_steps: int) -> bool:
+        """Count a non-finite step; True when the run has just stalled."""
+        self.in_a_row += 1
+        return self.in_a_row == stall_steps
+
+
+class Records:
+    """Records by optimizer identity, each dropped with its optimizer."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Any, Record]] = {}
+
+    def get(self, optimizer: Any) -> Record:
+        key = id(optimizer)
+        entry = self._by_id.get(key)
+        if entry is not None and entry[0]() is optimizer:
+            return entry[1]
+        record = Record()
+        try:
+            ref: Any = weakref.ref(optimizer, self._dropper(key))
+        except TypeError:  # no weak references (__slots__): kept for the run
+            ref = _Strong(optimizer)
+        self._by_id[key] = (ref, record)
+        return record
+
+    def _dropper(self, key: int) -> Any:
+        def drop(_: Any) -> None:
+            self._by_id.pop(key, None)
+
+        return drop
+
+    def find(self, optimizer: Any) -> Record | None:
+        entry = self._by_id.get(id(optimizer))
+        return entry[1] if entry is not None and entry[0]() is optimizer else None
+
+    def all(self) -> list[Record]:
+        return [record for _, record in list(self._by_id.values())]
+
+
+class _Strong:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self) -> Any:
+        return self.value
