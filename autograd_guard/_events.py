@@ -36,6 +36,9 @@ NOT_INTERVENTIONS = frozenset(
     }
 )
 
+# Events that report a finding: a diagnosis of the user's code; nothing was changed.
+FINDINGS = frozenset({"lost_gradient", "nonfinite_origin", "unattached_rules"})
+
 
 def configure(destination: str | None, source: str = "AUTOGRAD_GUARD_LOG") -> None:
     """Send events to ``stderr``, ``logging`` or a file path (JSON lines); ``source`` says
@@ -44,6 +47,21 @@ def configure(destination: str | None, source: str = "AUTOGRAD_GUARD_LOG") -> No
         STATE.destination = destination or STDERR
         STATE.destination_source = source if destination else "default"
         STATE.logger = None
+
+
+def mute(muted: bool = True) -> None:
+    """Count events but show none, nor the exit summary: for the command line's own
+    commands, whose output is their report (``doctor`` names a broken guard in words)."""
+    with STATE.event_lock:
+        STATE.muted = muted
+
+
+def at_exit(check: Callable[[], None]) -> None:
+    """Run ``check`` once at exit, before the summary, so that what it logs is counted."""
+    with STATE.event_lock:
+        if check not in STATE.exit_checks:
+            STATE.exit_checks.append(check)
+    _register_summary()
 
 
 def destination() -> str:
@@ -95,7 +113,7 @@ def emit(
         seen = STATE.counts.get(key, 0)
         STATE.counts[key] = seen + 1
         listeners = list(STATE.listeners)
-    if seen:
+    if seen or STATE.muted:
         return False
     record: dict[str, Any] = {
         "event": event,
@@ -157,6 +175,11 @@ def summary() -> list[dict[str, Any]]:
 
 
 def _summary_at_exit() -> None:
+    for check in list(STATE.exit_checks):
+        try:  # noqa: SIM105 - contextlib costs start-up time
+            check()
+        except Exception:
+            pass
     rows = summary()
     if not rows:
         return
@@ -175,13 +198,16 @@ def _summary_at_exit() -> None:
 
 
 def describe_counts(rows: list[dict[str, Any]]) -> str:
-    """ "3 interventions at 2 call sites; 1 other event" (errors and notes apart)."""
-    done = [r for r in rows if r["action"] not in NOT_INTERVENTIONS]
+    """ "3 interventions at 2 call sites; 1 finding; 1 other event" (findings, errors and
+    notes apart)."""
+    done = [r for r in rows if r["action"] not in NOT_INTERVENTIONS | FINDINGS]
+    found = sum(r["count"] for r in rows if r["action"] in FINDINGS)
     other = sum(r["count"] for r in rows if r["action"] in NOT_INTERVENTIONS)
     text = (
         f"{plural(sum(r['count'] for r in done), 'intervention')} at "
         f"{plural(len({(r['guard'], r['callsite']) for r in done}), 'call site')}"
     )
+    text += f"; {plural(found, 'finding')}" if found else ""
     return text + (f"; {plural(other, 'other event')} (notes and errors)" if other else "")
 
 
