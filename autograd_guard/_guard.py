@@ -283,7 +283,8 @@ class Guard:
         self.places += patched.places
         if late and len(patched.places) > 1:
             self.emit(
-                "target was imported before the guard; its references were updated",
+                "target was imported before the guard; its references were updated: "
+                + ", ".join(patched.places),
                 action="late_patch",
                 callsite=str(target),
                 target=str(target),
