@@ -24,7 +24,6 @@ TOP_LEVEL_KEYS = ("extends", "mode", "log", "disable", "guards", "rules")
 GUARD_KEYS = ("enabled", "mode", "force")
 RULE_KEYS = ("target", "action")
 _TARGET_FORM = "'package.module:function' or 'package.module:Class.method'"
-_RULE_KEY_DOCS = {"target": _TARGET_FORM, "action": "'enable_grad' or 'snapshot'"}
 
 
 def is_target(text: object) -> bool:
@@ -176,9 +175,10 @@ def _parse_rules(
         if not isinstance(rule, dict):
             problems.add(source, key, "must be a table with 'target' and 'action'")
             continue
-        for required in RULE_KEYS:
-            if required not in rule:
-                problems.add(source, f"{key}.{required}", "missing", _RULE_KEY_DOCS[required])
+        if "target" not in rule:
+            problems.add(source, f"{key}.target", "missing", _TARGET_FORM)
+        if "action" not in rule:
+            problems.add(source, f"{key}.action", "missing", ", ".join(map(repr, actions)))
         action = (
             None
             if "action" not in rule
