@@ -46,7 +46,7 @@ def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
         _events.reset()
         _versions.clear_cache()
         STATE.policy, STATE.error = loaded, None
-        for warning in loaded.warnings:  # a setup mistake that leaves the guard running
+        for warning in [] if STATE.muted else loaded.warnings:  # the guard runs on
             sys.stderr.write(f"autograd-guard: {warning}\n")
         for guard_class in guard_classes:
             _start(guard_class, loaded)

@@ -4,11 +4,13 @@ verdict said once, its symptom and upstream report."""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 
 import pytest
-from helpers import ROOT, run_python
+import wheelenv
+from helpers import ROOT
 from test_third_party import distribution
 
 from autograd_guard import cli
@@ -59,29 +61,29 @@ def test_doctor_and_check_print_no_event_of_the_guards_own(tmp_path):
         "broken = brokenguard:BrokenGuard\n",
         {"brokenguard": "raise ImportError('brokenguard needs a missing library')\n"},
     )
-    results = {
-        command: run_python(
-            sys.executable,
-            f"from autograd_guard.cli import main; main([{command!r}])",
-            tmp_path,
+    # With the variable set and no cache, the auto-load of the command's own process loads
+    # the guards at start-up too.
+    settings = ({}, {"AUTOGRAD_GUARD": "1", "AUTOGRAD_GUARD_CACHE": "off"})
+    for command, env in itertools.product(("doctor", "check"), settings):
+        result = subprocess.run(
+            [sys.executable, "-m", "autograd_guard.cli", command],
+            cwd=tmp_path,
+            env=wheelenv.clean_environ(PYTHONPATH=f"{ROOT}:{site}", **env),
+            capture_output=True,
+            text=True,
             check=False,
-            PYTHONPATH=f"{ROOT}:{site}",
         )
-        for command in ("doctor", "check")
-    }
-    for command, result in results.items():
         output = result.stdout + result.stderr
         assert "load_error" not in output and "summary" not in output, output
-        assert "autograd-guard" not in result.stderr, command
-    doctor = results["doctor"].stdout
-    assert "broken             third-party guard from brokenguard: UNAVAILABLE" in doctor
+        assert "autograd-guard" not in result.stderr, (command, env)
+        if command == "doctor":
+            unavailable = "broken             third-party guard from brokenguard: UNAVAILABLE"
+            assert unavailable in result.stdout
 
 
 def test_doctor_advice_fits_a_target_folder(tmp_path, wheel):
     """A `pip install --target` folder on PYTHONPATH: .pth files are not read there, and
     reinstalling without --editable would not help."""
-    import wheelenv
-
     target = tmp_path / "target"
     wheelenv.pip_install_target(target, str(wheel), "--no-index")
     python = wheelenv.make_env(tmp_path / "env", None)  # the .pth is nowhere in its site
