@@ -17,6 +17,8 @@ def bootstrap(now: bool = False) -> None:
     if STATE.started:
         return
     STATE.started = True
+    if _is_command_line():  # its output is its report: no event lines of the guard's own
+        STATE.muted = True
     site = sys.modules.get("site")
     if not now and site is not None and _inside_site_main(site):
         _run_after_customize(site)
@@ -34,6 +36,16 @@ def start() -> None:
         raise  # a broken policy under strict mode stops the program on purpose
     except BaseException as exc:  # start-up must never crash the host program
         sys.stderr.write(f"autograd-guard: not started, running unguarded: {exc!r}\n")
+
+
+def _is_command_line() -> bool:
+    """This process runs the ``autograd-guard`` command (a console script, or ``python -m
+    autograd_guard.cli``): its own start must not print events into its output."""
+    script = sys.argv[0] if sys.argv else ""
+    if script.replace("\\", "/").rpartition("/")[2].partition(".")[0] == "autograd-guard":
+        return True
+    argv = getattr(sys, "orig_argv", ())
+    return "-m" in argv and "autograd_guard.cli" in argv
 
 
 def _inside_site_main(site: object) -> bool:

@@ -46,8 +46,46 @@ def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
         _events.reset()
         _versions.clear_cache()
         STATE.policy, STATE.error = loaded, None
+        for warning in [] if STATE.muted else loaded.warnings:  # the guard runs on
+            sys.stderr.write(f"autograd-guard: {warning}\n")
         for guard_class in guard_classes:
             _start(guard_class, loaded)
+        if any(not rule.origin.startswith("preset ") for rule in loaded.rules):
+            _events.at_exit(report_unattached_rules)
+
+
+def report_unattached_rules() -> None:
+    """At exit, once: the policy's own rules whose module this process never imported, so
+    that a typo in a module path (``fitlib.trian``) is named, not silently unguarded. A
+    finding, not an intervention. Only in a process that imported torch and is not a
+    ``multiprocessing`` worker (workers run only part of the program); rules of a shipped
+    preset are left out (Unique3D's stages are absent from most programs)."""
+    policy = STATE.policy
+    multiprocessing = sys.modules.get("multiprocessing")
+    if policy is None or "torch" not in sys.modules:
+        return
+    if multiprocessing is not None and multiprocessing.parent_process() is not None:
+        return
+    actions = {g.rule_action for g in STATE.guards if g.rule_action and g.mode != "off"}
+    unattached = [
+        rule
+        for rule in policy.rules
+        if rule.action in actions
+        and not rule.origin.startswith("preset ")
+        and rule.module not in sys.modules
+    ]
+    if not unattached:
+        return
+    _events.emit(
+        "rules never attached (their module was never imported): "
+        + ", ".join(f"{rule.target} ({rule.origin}: {rule.key})" for rule in unattached),
+        guard="autograd_guard",
+        action="unattached_rules",
+        callsite=policy.source,
+        rules=[rule.target for rule in unattached],
+        remedy="check each rule's module path ('autograd-guard check' resolves it); "
+        "a stage this program never runs needs no rule",
+    )
 
 
 def _start(guard_class: type[Guard], policy: Policy) -> None:

@@ -24,7 +24,7 @@ AUTOGRAD_GUARD_DISABLE = "AUTOGRAD_GUARD_DISABLE"
 """Comma-separated guard names to switch off, or ``*``."""
 
 AUTOGRAD_GUARD_LOG = "AUTOGRAD_GUARD_LOG"
-"""``stderr``, ``logging``, or a file path for JSON lines."""
+"""``stderr``, ``logging`` (in any case), or a file path for JSON lines."""
 
 AUTOGRAD_GUARD_CACHE = "AUTOGRAD_GUARD_CACHE"
 """``off`` stops caching parsed policies and the entry-point list on disk."""
@@ -38,6 +38,7 @@ VARIABLES = (
 )
 
 MODES = ("off", "observe", "fix", "strict")
+LOG_KEYWORDS = ("stderr", "logging")  # in any case; any other value is a file path
 OFF_VALUES = frozenset({"", "0", "off", "false", "no"})
 ON_VALUES = frozenset({"1", "true", "on", "yes"})
 
@@ -72,7 +73,8 @@ def policy_name(environ: Mapping[str, str] | None = None) -> str:
 
 
 def log(environ: Mapping[str, str] | None = None) -> str | None:
-    return _read(environ, AUTOGRAD_GUARD_LOG) or None
+    value = _read(environ, AUTOGRAD_GUARD_LOG)
+    return value.lower() if value.lower() in LOG_KEYWORDS else value or None
 
 
 def cache_folder(environ: Mapping[str, str] | None = None) -> str | None:

@@ -38,7 +38,7 @@ NOT_INTERVENTIONS = frozenset(
 )
 
 # Events that report a finding: a diagnosis of the user's code; nothing was changed.
-FINDINGS = frozenset({"lost_gradient", "nonfinite_origin", "training_stalled"})
+FINDINGS = frozenset({"lost_gradient", "nonfinite_origin", "training_stalled", "unattached_rules"})
 
 
 def configure(destination: str | None, source: str = "AUTOGRAD_GUARD_LOG") -> None:
@@ -48,6 +48,21 @@ def configure(destination: str | None, source: str = "AUTOGRAD_GUARD_LOG") -> No
         STATE.destination = destination or STDERR
         STATE.destination_source = source if destination else "default"
         STATE.logger = None
+
+
+def mute(muted: bool = True) -> None:
+    """Count events but show none, nor the exit summary: for the command line's own
+    commands, whose output is their report (``doctor`` names a broken guard in words)."""
+    with STATE.event_lock:
+        STATE.muted = muted
+
+
+def at_exit(check: Callable[[], None]) -> None:
+    """Run ``check`` once at exit, before the summary, so that what it logs is counted."""
+    with STATE.event_lock:
+        if check not in STATE.exit_checks:
+            STATE.exit_checks.append(check)
+    _register_summary()
 
 
 def destination() -> str:
@@ -99,7 +114,7 @@ def emit(
         seen = STATE.counts.get(key, 0)
         STATE.counts[key] = seen + 1
         listeners = list(STATE.listeners)
-    if seen:
+    if seen or STATE.muted:
         return False
     record: dict[str, Any] = {
         "event": event,
@@ -161,6 +176,11 @@ def summary() -> list[dict[str, Any]]:
 
 
 def _summary_at_exit() -> None:
+    for check in list(STATE.exit_checks):
+        try:  # noqa: SIM105 - contextlib costs start-up time
+            check()
+        except Exception:
+            pass
     rows = summary()
     if not rows:
         return

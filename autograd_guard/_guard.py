@@ -229,13 +229,18 @@ class Guard:
         if self.forced:
             return needed, "forced on"
         if not self.distribution:
-            return needed, "your code, by rules"
+            watched = f" (watches {', '.join(self.modules)})" if self.modules else ""
+            return needed, (
+                "your code, by rules" if self.rule_action else "every version"
+            ) + watched
+        versions = self.affected or "every version"
         if self.version is None:
-            return needed, f"{self.installed_as} not installed"
+            return needed, f"{self.installed_as} not installed (affected: {versions})"
         where = f"{self.installed_as} {self.version}"
-        word = "affected" if self.version_affected() else "not affected"
-        word += "" if needed == self.version_affected() else "; patched for its options"
-        return needed, f"{where}; {word} (affected: {self.affected or 'all versions'})"
+        if self.version_affected():
+            return needed, f"{where}: affected ({versions})"
+        extra = "; patched for its options" if needed else ""
+        return needed, f"{where}: not affected (only {versions} are){extra}"
 
     def module_imported(self, module: ModuleType) -> None:
         """A module of ``modules`` is imported (or already was): gate on the version, hook
@@ -284,7 +289,8 @@ class Guard:
         self.places += patched.places
         if late and len(patched.places) > 1:
             self.emit(
-                "target was imported before the guard; its references were updated",
+                "target was imported before the guard; its references were updated: "
+                + ", ".join(patched.places),
                 action="late_patch",
                 callsite=str(target),
                 target=str(target),

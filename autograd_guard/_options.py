@@ -5,7 +5,7 @@ A leaf module, so that the guard contract can declare options without the policy
 
 from __future__ import annotations
 
-from autograd_guard.errors import PolicyError
+from autograd_guard.errors import PolicyError, closest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -47,8 +47,11 @@ class Option:
             return "a list of names or positions" if int in self.items else "a list of strings"
         name = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
         text = name[self.kind]
-        if self.minimum is not None or self.maximum is not None:
-            text += f" in [{self.minimum}, {self.maximum}]"
+        low, high = _number(self.minimum), _number(self.maximum)
+        if low and high:
+            return f"{text} from {low} to {high}"
+        if low or high:
+            return f"{text} {'>= ' + low if low else '<= ' + high}"
         return text
 
     def check(self, source: str, key: str, value: Any) -> Any:
@@ -70,7 +73,13 @@ class Option:
                 and value == value
             )
         if not ok:
-            raise PolicyError(source, key, f"invalid value {short(value)}", self.allowed())
+            raise PolicyError(
+                source,
+                key,
+                f"invalid value {short(value)}",
+                self.allowed(),
+                closest(value, self.choices),
+            )
         return value
 
     def _item_ok(self, value: Any) -> bool:
@@ -79,6 +88,13 @@ class Option:
         if isinstance(value, int) and not isinstance(value, bool):
             return int in self.items and 0 <= value <= MAX_LIST
         return False
+
+
+def _number(bound: float | None) -> str:
+    """A range bound in words: ``0`` rather than ``0.0``, nothing for no bound."""
+    if bound is None:
+        return ""
+    return f"{bound:g}" if isinstance(bound, float) else str(bound)
 
 
 def short(value: Any) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from autograd_guard._environment import MODES
+from autograd_guard.errors import PolicyError, Problems
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ class Policy:
         self.env_mode: str | None = None
         self.log_source = "AUTOGRAD_GUARD_LOG"  # where ``log`` was set, for messages
         self.files: list[str] = []  # the policy files read, ``extends`` included
+        # Setup mistakes that leave the policy usable (an unknown guard to disable).
+        self.warnings: list[PolicyError] = []
 
     def mode_for(self, guard: str) -> str:
         """The mode that applies to ``guard``: off, observe, fix or strict."""
@@ -103,22 +106,35 @@ def load(
     guards: Iterable[type[Guard]],
     environ: Mapping[str, str] | None = None,
     cwd: str | None = None,
+    problems: Problems | None = None,
 ) -> Policy:
-    """Load and validate a policy, then apply the environment's overrides."""
+    """Load and validate a policy, then apply the environment's overrides.
+
+    Raises PolicyError naming every problem found (``PolicyErrors`` for several); with
+    ``problems``, adds them there and returns what could be read (for ``check``). A file
+    that cannot be found, read or parsed is raised either way.
+    """
     from autograd_guard import _policy_files, _policy_schema
 
     environ = os.environ if environ is None else environ
     guard_list = list(guards)
+    found_problems = Problems() if problems is None else problems
     _policy_files.FILES_READ.clear()
     if isinstance(source, dict):
-        policy = _policy_schema.build("<dict>", dict(source), guard_list, depth=0)
+        policy = _policy_schema.build("<dict>", dict(source), guard_list, found_problems)
     else:
         if source is None:
             found = _policy_files.discover(environ, cwd or os.getcwd())
         else:
-            found = _policy_files.resolve_named(str(source), "policy")
+            found = _policy_files.resolve_named(str(source), "policy", cwd)
         folder = os.path.dirname(found.path)
-        policy = _policy_schema.build(found.description, found.read(), guard_list, 0, folder)
-    _policy_schema.apply_environment(policy, environ)
+        data = found.read()
+        policy = _policy_schema.build(
+            found.description, data, guard_list, found_problems, 0, folder
+        )
+    names = [g.name for g in guard_list]
+    _policy_schema.apply_environment(policy, environ, names, found_problems)
+    if problems is None:
+        found_problems.raise_if_any()
     policy.files = list(_policy_files.FILES_READ)
     return policy

@@ -1,9 +1,10 @@
 """Policy files: the shipped presets, where the policy is found, and reading its TOML.
 
-Search order: ``AUTOGRAD_GUARD_POLICY`` (a path or a preset name), ``autograd_guard.toml``
-in the working directory or a parent, ``[tool.autograd_guard]`` in the nearest
-``pyproject.toml``, then the shipped ``default`` preset. Start-up runs this code, so it
-sticks to ``os.path``: pathlib and re cost milliseconds.
+Search order: ``AUTOGRAD_GUARD_POLICY`` (a path or a preset name), then the nearest folder,
+from the working directory up, with an ``autograd_guard.toml`` or a ``pyproject.toml``
+holding ``[tool.autograd_guard]`` (the former first within one folder), then the shipped
+``default`` preset. Start-up runs this code, so it sticks to ``os.path``: pathlib and re
+cost milliseconds.
 """
 
 from __future__ import annotations
@@ -57,9 +58,8 @@ def discover(environ: Mapping[str, str] | None, cwd: str) -> Discovered:
     named = _environment.policy_name(environ)
     if named:
         return resolve_named(named, "AUTOGRAD_GUARD_POLICY")
-    pyproject: str | None = None
     folder = os.path.abspath(cwd)
-    while True:
+    while True:  # the nearest folder with a policy wins, as for ruff's configuration
         candidate = os.path.join(folder, POLICY_FILE)
         if os.path.isfile(candidate):
             return Discovered(candidate, candidate)
@@ -70,15 +70,13 @@ def discover(environ: Mapping[str, str] | None, cwd: str) -> Discovered:
                 f"a symbolic link to {os.readlink(candidate)!r}, which does not exist",
                 "a policy file: fix or remove the link",
             )
-        if pyproject is None and os.path.isfile(os.path.join(folder, "pyproject.toml")):
-            pyproject = os.path.join(folder, "pyproject.toml")
+        pyproject = os.path.join(folder, "pyproject.toml")
+        if os.path.isfile(pyproject) and _has_tool_table(pyproject):
+            return Discovered(f"{pyproject} [tool.autograd_guard]", pyproject, True)
         parent = os.path.dirname(folder)
         if parent == folder:
-            break
+            return Discovered("preset default", os.path.join(presets_dir(), "default.toml"))
         folder = parent
-    if pyproject is not None and _has_tool_table(pyproject):
-        return Discovered(f"{pyproject} [tool.autograd_guard]", pyproject, True)
-    return Discovered("preset default", os.path.join(presets_dir(), "default.toml"))
 
 
 def _is_preset_name(named: str) -> bool:
@@ -86,15 +84,30 @@ def _is_preset_name(named: str) -> bool:
 
 
 def resolve_named(named: str, key: str, relative_to: str | None = None) -> Discovered:
-    if _is_preset_name(named):
-        path = os.path.join(presets_dir(), f"{named}.toml")
-        if not os.path.isfile(path):
-            raise PolicyError(key, named, "no such preset", ", ".join(preset_names()))
-        return Discovered(f"preset {named}", path)
+    """A preset name or a policy file path (``key``: where it was named). A name such as
+    ``guardpolicy`` is a path where such a file exists, else a preset."""
     path = os.path.expanduser(named)
     if relative_to is not None and not os.path.isabs(path):
         path = os.path.join(relative_to, path)
+    if _is_preset_name(named) and not (os.path.lexists(path) and not os.path.isdir(path)):
+        preset = os.path.join(presets_dir(), f"{named}.toml")
+        if not os.path.isfile(preset):
+            raise _no_such_policy(key, named)
+        return Discovered(f"preset {named}", preset)
     return Discovered(path, path)
+
+
+def _no_such_policy(key: str, named: str) -> PolicyError:
+    from autograd_guard.errors import closest
+
+    presets = preset_names()
+    return PolicyError(
+        key,
+        "",
+        f"no preset or policy file named {named!r}",
+        f"a preset name ({', '.join(presets)}) or a policy file path",
+        closest(named, presets),
+    )
 
 
 def _has_tool_table(pyproject: str) -> bool:

@@ -1,20 +1,21 @@
 """Turn policy data (a TOML table or a dict) into a validated ``Policy``: keys, values,
-``extends``, guard tables, rules and the environment's overrides. Every error names the
-file, the key and what is allowed."""
+``extends``, guard tables, rules and the environment's overrides. Every problem is
+collected (not only the first) and names the file, the key, what is allowed and, for a
+typo, the closest allowed word."""
 
 from __future__ import annotations
 
 import os
 
 from autograd_guard import _environment, _policy_files
-from autograd_guard._environment import MODES
+from autograd_guard._environment import LOG_KEYWORDS, MODES
 from autograd_guard._options import MAX_LIST, MAX_STRING, Option, short
 from autograd_guard._policy import GuardSettings, Policy, Rule
-from autograd_guard.errors import PolicyError
+from autograd_guard.errors import PolicyError, Problems, closest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
     from autograd_guard._guard import Guard
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 TOP_LEVEL_KEYS = ("extends", "mode", "log", "disable", "guards", "rules")
 GUARD_KEYS = ("enabled", "mode", "force")
 RULE_KEYS = ("target", "action")
+_TARGET_FORM = "'package.module:function' or 'package.module:Class.method'"
 
 
 def is_target(text: object) -> bool:
@@ -36,38 +38,60 @@ def build(
     source: str,
     data: dict[str, Any],
     guards: list[type[Guard]],
-    depth: int,
+    problems: Problems,
+    depth: int = 0,
     folder: str | None = None,
 ) -> Policy:
-    _check_keys(source, "", data, TOP_LEVEL_KEYS)
+    """The policy ``data`` describes; every problem goes to ``problems`` and the key in
+    question keeps its default, so that the rest is still checked."""
+    _check_keys(problems, source, "", data, TOP_LEVEL_KEYS)
+    base = None
     if "extends" in data:
-        base = _load_base(source, data["extends"], guards, depth, folder)
-    else:
+        base = problems.attempt(
+            _load_base, source, data["extends"], guards, problems, depth, folder
+        )
+    if base is None:
         base = Policy(source, "fix", None, set(), _default_settings(guards), [])
     base.source = source
     if "mode" in data:
-        base.mode = _choice(source, "mode", data["mode"], MODES)
+        base.mode = problems.attempt(_choice, source, "mode", data["mode"], MODES) or base.mode
     if "log" in data:
-        base.log = Option(str, None).check(source, "log", data["log"]) or None
-        base.log_source = f"the 'log' key of {source}"
-    known = [g.name for g in guards]
+        log = problems.attempt(_log_destination, source, data["log"])
+        if log is not None:
+            base.log, base.log_source = log or None, f"the 'log' key of {source}"
     if "disable" in data:
-        names = Option(list, []).check(source, "disable", data["disable"])
-        for name in names:
-            if name != "*" and name not in known:
-                raise PolicyError(
-                    source, "disable", f"unknown guard {name!r}", ", ".join(["*", *known])
-                )
-        base.disabled |= set(names)
+        base.disabled |= _disabled(problems, source, data["disable"], guards)
     if "guards" in data:
-        _merge_guards(source, data["guards"], guards, base.guards)
+        problems.attempt(_merge_guards, source, data["guards"], guards, base.guards, problems)
     if "rules" in data:
-        base.rules += _parse_rules(source, data["rules"], guards)
+        base.rules += problems.attempt(_parse_rules, source, data["rules"], guards, problems) or []
     return base
 
 
+def _log_destination(source: str, value: Any) -> str:
+    """A file path, or a keyword in any case (``Stderr`` is stderr, never a file)."""
+    text: str = Option(str, None).check(source, "log", value)
+    return text.lower() if text.lower() in LOG_KEYWORDS else text
+
+
+def _disabled(problems: Problems, source: str, value: Any, guards: list[type[Guard]]) -> set[str]:
+    names = problems.attempt(Option(list, []).check, source, "disable", value) or []
+    known = ["*", *(g.name for g in guards)]
+    for name in names:
+        if name not in known:
+            problems.add(
+                source, "disable", f"unknown guard {name!r}", ", ".join(known), closest(name, known)
+            )
+    return {name for name in names if name in known}
+
+
 def _load_base(
-    source: str, extends: Any, guards: list[type[Guard]], depth: int, folder: str | None
+    source: str,
+    extends: Any,
+    guards: list[type[Guard]],
+    problems: Problems,
+    depth: int,
+    folder: str | None,
 ) -> Policy:
     name = Option(str, None).check(source, "extends", extends)
     if not name.strip():
@@ -75,11 +99,16 @@ def _load_base(
     if depth >= 8:
         raise PolicyError(source, "extends", "chain is too deep (a loop?)", "at most 8 levels")
     try:
-        description, path, _ = _policy_files.resolve_named(name, "extends", folder)
-        data = _policy_files.read_toml(description, path)
+        found = _policy_files.resolve_named(name, "extends", folder)
+    except PolicyError as exc:  # said once, as this file's problem
+        raise PolicyError(source, "extends", exc.problem, exc.allowed, exc.suggestion) from None
+    try:
+        data = found.read()
     except PolicyError as exc:
-        raise PolicyError(source, "extends", f"cannot use {name!r}: {exc}") from None
-    return build(description, data, guards, depth + 1, os.path.dirname(path))
+        raise PolicyError(
+            source, "extends", f"cannot use {name!r}: {exc.problem}", exc.allowed
+        ) from None
+    return build(found.description, data, guards, problems, depth + 1, os.path.dirname(found.path))
 
 
 def _default_settings(guards: list[type[Guard]]) -> dict[str, GuardSettings]:
@@ -89,7 +118,11 @@ def _default_settings(guards: list[type[Guard]]) -> dict[str, GuardSettings]:
 
 
 def _merge_guards(
-    source: str, table: Any, guards: list[type[Guard]], into: dict[str, GuardSettings]
+    source: str,
+    table: Any,
+    guards: list[type[Guard]],
+    into: dict[str, GuardSettings],
+    problems: Problems,
 ) -> None:
     if not isinstance(table, dict):
         raise PolicyError(source, "guards", "must be a table of guard tables")
@@ -97,25 +130,40 @@ def _merge_guards(
     for name, entry in table.items():
         key = f"guards.{name}"
         if name not in by_name:
-            raise PolicyError(source, key, "unknown guard", ", ".join(by_name))
-        if not isinstance(entry, dict):
-            raise PolicyError(source, key, "must be a table")
-        guard = by_name[name]
-        _check_keys(source, key, entry, (*GUARD_KEYS, *guard.options))
-        settings = into[name]
-        for option, value in entry.items():
-            where = f"{key}.{option}"
-            if option == "enabled":
-                settings.enabled = Option(bool, True).check(source, where, value)
-            elif option == "force":
-                settings.force = Option(bool, False).check(source, where, value)
-            elif option == "mode":
-                settings.mode = _choice(source, where, value, MODES)
-            else:
-                settings.options[option] = guard.options[option].check(source, where, value)
+            problems.add(source, key, "unknown guard", ", ".join(by_name), closest(name, by_name))
+        elif not isinstance(entry, dict):
+            problems.add(source, key, "must be a table")
+        else:
+            _merge_guard(source, key, entry, by_name[name], into[name], problems)
 
 
-def _parse_rules(source: str, rules: Any, guards: list[type[Guard]]) -> list[Rule]:
+def _merge_guard(
+    source: str,
+    key: str,
+    entry: dict[str, Any],
+    guard: type[Guard],
+    settings: GuardSettings,
+    problems: Problems,
+) -> None:
+    _check_keys(problems, source, key, entry, (*GUARD_KEYS, *guard.options))
+    for option, value in entry.items():
+        where = f"{key}.{option}"
+        if option == "enabled":
+            enabled = problems.attempt(Option(bool, True).check, source, where, value)
+            settings.enabled = settings.enabled if enabled is None else enabled
+        elif option == "force":
+            settings.force = bool(problems.attempt(Option(bool, False).check, source, where, value))
+        elif option == "mode":
+            settings.mode = problems.attempt(_choice, source, where, value, MODES) or settings.mode
+        elif option in guard.options:
+            checked = problems.attempt(guard.options[option].check, source, where, value)
+            if checked is not None:
+                settings.options[option] = checked
+
+
+def _parse_rules(
+    source: str, rules: Any, guards: list[type[Guard]], problems: Problems
+) -> list[Rule]:
     if not isinstance(rules, list) or len(rules) > MAX_LIST:
         raise PolicyError(
             source, "rules", "must be an array of tables ([[rules]])", f"at most {MAX_LIST} rules"
@@ -125,25 +173,48 @@ def _parse_rules(source: str, rules: Any, guards: list[type[Guard]]) -> list[Rul
     for index, rule in enumerate(rules):
         key = f"rules[{index}]"
         if not isinstance(rule, dict):
-            raise PolicyError(source, key, "must be a table with 'target' and 'action'")
-        action = _choice(source, f"{key}.action", rule.get("action"), tuple(actions))
+            problems.add(source, key, "must be a table with 'target' and 'action'")
+            continue
+        if "target" not in rule:
+            problems.add(source, f"{key}.target", "missing", _TARGET_FORM)
+        if "action" not in rule:
+            problems.add(source, f"{key}.action", "missing", ", ".join(map(repr, actions)))
+        action = (
+            None
+            if "action" not in rule
+            else problems.attempt(_choice, source, f"{key}.action", rule.get("action"), actions)
+        )
+        target = (
+            None
+            if "target" not in rule
+            else problems.attempt(_target, source, f"{key}.target", rule.get("target"))
+        )
+        if action is None:
+            continue  # its options depend on the action
         guard = actions[action]
-        _check_keys(source, key, rule, (*RULE_KEYS, *guard.rule_options))
-        target = rule.get("target")
-        if not is_target(target):
-            raise PolicyError(
-                source,
-                f"{key}.target",
-                f"invalid target {short(target)}",
-                "'package.module:function' or 'package.module:Class.method'",
-            )
-        _check_target_module(source, f"{key}.target", str(target))
+        _check_keys(problems, source, key, rule, (*RULE_KEYS, *guard.rule_options))
         options = {k: o.default for k, o in guard.rule_options.items()}
         for option, value in rule.items():
-            if option not in RULE_KEYS:
-                options[option] = guard.rule_options[option].check(source, f"{key}.{option}", value)
-        parsed.append(Rule(str(target), action, options, source, key))
+            if option in guard.rule_options:
+                checked = problems.attempt(
+                    guard.rule_options[option].check, source, f"{key}.{option}", value
+                )
+                options[option] = options[option] if checked is None else checked
+        if target is not None:
+            parsed.append(Rule(target, action, options, source, key))
     return parsed
+
+
+def _target(source: str, key: str, target: Any) -> str:
+    if not is_target(target):
+        raise PolicyError(
+            source,
+            key,
+            f"invalid target {short(target)}",
+            _TARGET_FORM,
+        )
+    _check_target_module(source, key, target)
+    return str(target)
 
 
 def _check_target_module(source: str, key: str, target: str) -> None:
@@ -159,7 +230,11 @@ def _check_target_module(source: str, key: str, target: str) -> None:
             "before any import could wrap them",
             "a function in an importable module: move the stage into one",
         )
-    if top in sys.stdlib_module_names or top == "autograd_guard":
+    if top == "autograd_guard":
+        raise PolicyError(
+            source, key, f"{target!r} is autograd-guard's own code", "a function of your code"
+        )
+    if top in sys.stdlib_module_names:
         raise PolicyError(
             source,
             key,
@@ -169,29 +244,48 @@ def _check_target_module(source: str, key: str, target: str) -> None:
         )
 
 
-def apply_environment(policy: Policy, environ: Mapping[str, str]) -> None:
+def apply_environment(
+    policy: Policy, environ: Mapping[str, str], guard_names: list[str], problems: Problems
+) -> None:
+    """The variables' overrides. An unknown guard in ``AUTOGRAD_GUARD_DISABLE`` is a
+    warning, not an error: the other guards keep running."""
     value = _environment.switch(environ)
     if value in MODES:
         policy.env_mode = value
     elif value not in _environment.ON_VALUES | _environment.OFF_VALUES:
-        raise PolicyError(
-            "AUTOGRAD_GUARD",
+        problems.add(
+            _environment.AUTOGRAD_GUARD,
             "",
             f"invalid value {short(value)}",
             "1, on, true, yes, observe, fix, strict, or 0/off/empty to disable",
+            closest(value, [*MODES, *_environment.ON_VALUES]),
         )
-    policy.disabled |= _environment.disabled(environ)
+    known = ["*", *guard_names]
+    disabled = _environment.disabled(environ)
+    for name in sorted(disabled - set(known)):
+        policy.warnings.append(
+            PolicyError(
+                _environment.AUTOGRAD_GUARD_DISABLE,
+                "",
+                f"unknown guard {name!r}, ignored",
+                ", ".join(known),
+                closest(name, known),
+            )
+        )
+    policy.disabled |= disabled
     log = _environment.log(environ)
     if log:
-        policy.log, policy.log_source = log, "AUTOGRAD_GUARD_LOG"
+        policy.log, policy.log_source = log, _environment.AUTOGRAD_GUARD_LOG
 
 
-def _check_keys(source: str, where: str, table: dict[str, Any], allowed: Sequence[str]) -> None:
+def _check_keys(
+    problems: Problems, source: str, where: str, table: dict[str, Any], allowed: Sequence[str]
+) -> None:
     for key in table:
         if key not in allowed:
             name = f"{where}.{key}" if where else str(key)
-            raise PolicyError(source, name, "unknown key", ", ".join(allowed))
+            problems.add(source, name, "unknown key", ", ".join(allowed), closest(key, allowed))
 
 
-def _choice(source: str, key: str, value: Any, choices: Sequence[str]) -> str:
-    return str(Option(str, None, choices=choices).check(source, key, value))
+def _choice(source: str, key: str, value: Any, choices: Iterable[str]) -> str:
+    return str(Option(str, None, choices=tuple(choices)).check(source, key, value))

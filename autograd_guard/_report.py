@@ -1,42 +1,115 @@
-"""``autograd-guard report FILE.jsonl``: interventions per guard and call site, across the
-processes that shared one JSON-lines log."""
+"""``autograd-guard report FILE.jsonl``: interventions and findings per guard and call
+site, across the processes that shared one JSON-lines log; ``--json``, ``--guard`` and
+``--since``."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections import Counter
+from datetime import datetime, timezone
 from pathlib import Path
 
 from autograd_guard import _events
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import argparse
+    from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="a JSON-lines event log")
+    parser.add_argument("--json", action="store_true", help="print the counts as one JSON object")
+    parser.add_argument(
+        "--guard", action="append", metavar="NAME", help="only this guard's rows (repeatable)"
+    )
+    parser.add_argument(
+        "--since",
+        metavar="TIMESTAMP",
+        type=_timestamp,
+        help="only events logged at or after this time, ISO 8601 as in the log "
+        "(2025-01-31T12:00:00Z; UTC where no zone is given)",
+    )
 
 
 def report_log(args: argparse.Namespace) -> int:
     """Counts per guard and call site, across the processes that shared the log. A
     process's exit summary holds its exact repeat counts; an event logged after the
-    summary, or by a process that died before it, counts once."""
+    summary, or by a process that died before it, counts once. With ``--since``, a
+    summary written since then counts with the repeats of its whole process."""
     try:
         lines = Path(args.file).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError as exc:
         print(f"cannot read {args.file}: {exc.strerror}", file=sys.stderr)
         return 1
+    if args.since is not None:
+        lines = [line for line in lines if _logged_since(line, args.since)]
     counts, events, processes, bad = _count_log(lines)
-    rows = [
-        {"guard": k[0], "action": k[1], "callsite": k[2], "count": n} for k, n in counts.items()
+    kept = [(k, n) for k, n in sorted(counts.items()) if not args.guard or k[0] in args.guard]
+    rows: list[dict[str, Any]] = [
+        {"guard": g, "action": a, "callsite": c, "count": n, "event": events.get((g, a, c), "")}
+        for (g, a, c), n in kept
     ]
+    headline = _events.describe_counts(rows)
+    if args.json:
+        for row in rows:
+            row["kind"] = _kind(row["action"])
+        report = {"summary": headline, "processes": processes, "unreadable_lines": bad}
+        print(json.dumps({**report, "rows": rows}, indent=2))
+        return 0
     print(
-        f"{_events.describe_counts(rows)} in {_events.plural(processes, 'process')}"
+        f"{headline} in {_events.plural(processes, 'process')}"
         + (f"; {bad} unreadable lines" if bad else "")
     )
-    for guard in sorted({k[0] for k in counts}):
-        print(f"{guard}:")
-        for key in sorted(k for k in counts if k[0] == guard):
-            print(f"  {counts[key]:>7}x  {key[1]:<14} {key[2]}  {events.get(key, '')}")
+    cells = [[g, a, str(n), c, events.get((g, a, c), "")] for (g, a, c), n in kept]
+    if cells:
+        print("\n".join(aligned([["guard", "action", "count", "call site", "event"], *cells])))
     return 0
+
+
+def aligned(table: list[list[str]], right: tuple[int, ...] = (2,)) -> list[str]:
+    """Rows of cells as lines in aligned columns; columns in ``right`` align right."""
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return [
+        "  ".join(
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ).rstrip()
+        for row in table
+    ]
+
+
+def _kind(action: str) -> str:
+    if action in _events.FINDINGS:
+        return "finding"
+    return "other" if action in _events.NOT_INTERVENTIONS else "intervention"
+
+
+def _timestamp(text: str) -> datetime:
+    """An ISO 8601 time; UTC where it names no zone (the log's own are UTC)."""
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO 8601 time (allowed: 2025-01-31, 2025-01-31T12:00:00Z)"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _logged_since(line: str, since: datetime) -> bool:
+    """Whether an event was logged at or after ``since``. A line that is not a JSON
+    object is kept, to be counted as unreadable; an event without a time is left out."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return True
+    if not isinstance(record, dict):
+        return True
+    try:
+        return _timestamp(str(record["timestamp"])) >= since
+    except (KeyError, argparse.ArgumentTypeError):
+        return False
 
 
 Key = tuple[str, str, str]

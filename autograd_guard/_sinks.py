@@ -70,9 +70,19 @@ def _without_arrays(value: Any, depth: int) -> Any:
 _LINE_KEYS = ("event", "guard", "action", "callsite", "remedy", "level", "timestamp")
 
 
-def _render_line(logger: Any, name: str, event_dict: MutableMapping[str, Any]) -> str:
-    level = event_dict.get("level", "warning")
-    return f"autograd-guard {level}: {_render_message(logger, name, event_dict)}"
+def _render_line(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> str:
+    """One short line for a person: the guard, what happened, where, the error (for an
+    error event) and the remedy. The other fields (pid, process, version, ...) are in
+    the JSON log (``AUTOGRAD_GUARD_LOG=FILE``)."""
+    line = f"autograd-guard {event_dict.get('level', 'warning')}: [{event_dict.get('guard')}/"
+    line += f"{event_dict.get('action')}] {event_dict.get('event')}"
+    if event_dict.get("callsite", "-") != "-":
+        line += f" at {event_dict['callsite']}"
+    if event_dict.get("error"):
+        line += f": {event_dict['error']}"
+    if event_dict.get("remedy"):
+        line += f" | remedy: {event_dict['remedy']}"
+    return line
 
 
 def _render_message(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> str:

@@ -48,6 +48,8 @@ class State:
         self.destination_source = "default"
         self.logger: Any = None
         self.summary_registered = False
+        self.exit_checks: list[Any] = []  # run at exit, before the summary
+        self.muted = False  # a command of the command line runs: events are counted, not shown
         self.process: tuple[int, str] | None = None
 
     # -- fork ----------------------------------------------------------------------------

@@ -5,26 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import site
 import sys
-import sysconfig
 from pathlib import Path
 
-from autograd_guard import _environment, _policy, _policy_files, _report, _versions
-from autograd_guard._state import STATE
-from autograd_guard.errors import PolicyError
+from autograd_guard import _check, _doctor, _environment, _events, _policy_files, _report
 from autograd_guard.guards import available
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from autograd_guard._guard import Guard
-
-PTH_NAME = "autograd_guard.pth"
 
 STARTER = """\
 # autograd-guard policy. Reference: the README's "Policy" section.
-# Start from the shipped default (every built-in guard, fix mode) and change what you need.
-extends = "default"
+# Every built-in guard is on, in fix mode; change what you need.
+
+# Add the shipped default preset's rules (Unique3D's mesh reconstruction stages):
+# extends = "default"
 
 # off | observe (log only) | fix (remedy and log) | strict (raise at the risky call)
 mode = "fix"
@@ -49,40 +41,47 @@ mode = "fix"
 
 DESCRIPTION = "autograd-guard: keeps gradients correct in differentiable 3D pipelines."
 
+# Each command: its one-line summary (the top-level --help) and its description.
 COMMANDS = {
-    "doctor": "Show what would be guarded here and why: Python and torch, whether the .pth "
-    "auto-load is installed and active, the environment, the policy in force and where it "
-    "came from, and each guard's target version, verdict and mode.",
-    "check": "Validate a policy file (default: the one in force here): every key and value, "
-    "that each rule's target module can be found (without importing it), and that the log "
-    "destination can be written. Exit status 1 names the file, the key and what is allowed.",
-    "init": "Write a commented starter policy to ./autograd_guard.toml (in the current "
-    "directory; --force overwrites an existing one).",
-    "run": "Run a command with the guard on where .pth files are not processed: "
-    "autograd-guard run -- CMD ARGS.",
-    "report": "Summarise a JSON-lines event log (AUTOGRAD_GUARD_LOG=FILE): interventions per "
-    "guard and call site, across every process that wrote to it.",
+    "doctor": (
+        "Show what would be guarded here and why.",
+        "Python and torch, whether the .pth auto-load is installed and active, the "
+        "environment, the policy in force and where it came from, and for each guard its "
+        "target version, verdict, mode, symptom and upstream report.",
+    ),
+    "check": (
+        "Validate a policy file and report every problem.",
+        "FILE defaults to the policy in force here. Checks every key and value, that each "
+        "rule's module can be found (the whole dotted path, without importing anything), "
+        "and that the log destination can be written. Prints every problem, each naming "
+        "the file, the key and what is allowed; exit status 1 if there is one.",
+    ),
+    "init": (
+        "Write a commented starter policy to ./autograd_guard.toml.",
+        "In the current directory; --force overwrites an existing one. The file checks clean.",
+    ),
+    "run": (
+        "Run a command with the guard on where .pth files are not processed.",
+        "Usage: autograd-guard run -- CMD ARGS. For example a 'pip install --target' "
+        "folder on PYTHONPATH; child processes are guarded too.",
+    ),
+    "report": (
+        "Summarise a JSON-lines event log.",
+        "A log written with AUTOGRAD_GUARD_LOG=FILE: interventions and findings per guard "
+        "and call site, across every process that wrote to it.",
+    ),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    from autograd_guard import __version__
-
-    parser = argparse.ArgumentParser(prog="autograd-guard", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"autograd-guard {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub = {
-        name: commands.add_parser(name, help=text.split(":")[0], description=text)
-        for name, text in COMMANDS.items()
-    }
-    sub["check"].add_argument("file", nargs="?", help="policy file (default: the one in force)")
-    sub["init"].add_argument("--force", action="store_true", help="overwrite an existing file")
-    sub["run"].add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS")
-    sub["report"].add_argument("file", help="a JSON-lines event log")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
+    # The guard's own events (a third-party guard that fails to load, the exit summary)
+    # are not a command's output: doctor and check report such problems in words.
+    quiet = args.command != "run"
+    _events.mute(quiet)
     handler = {
-        "doctor": doctor,
-        "check": check_policy,
+        "doctor": _doctor.doctor,
+        "check": _check.check_policy,
         "init": init_policy,
         "run": run_command,
         "report": _report.report_log,
@@ -93,147 +92,27 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so that the exit flush cannot fail again
         return 0
+    finally:
+        if quiet:  # nothing of the command's own is left for an exit summary
+            _events.mute(False)
+            _events.reset()
 
 
-def doctor(_: argparse.Namespace) -> int:
-    _print_setup()
-    guards = available()
-    try:
-        policy = _policy.load(None, guards)
-    except PolicyError as exc:
-        print(f"policy        INVALID: {exc}")
-        return 1
-    print(f"policy        {policy.source}")
-    print(
-        f"mode          {policy.env_mode or policy.mode}"
-        f"{' (from AUTOGRAD_GUARD)' if policy.env_mode else ''}"
-    )
-    print(f"log           {policy.log or 'stderr'}")
-    print("guards")
-    for guard_class in guards:
-        _print_guard(guard_class, policy)
-    return 0
-
-
-def _print_setup() -> None:
+def _parser() -> argparse.ArgumentParser:
     from autograd_guard import __version__
 
-    python, torch = sys.version.split()[0], _versions.installed_version("torch")
-    print(f"python        {python} ({sys.executable})")
-    print(f"torch         {torch or 'not installed'}")
-    low, high = _versions.SUPPORTED_TORCH
-    print(f"supported     Python {'-'.join(_versions.SUPPORTED_PYTHON)}, torch {low}-{high}")
-    note = _versions.support_note(python, torch)
-    if note:
-        print(f"              {note}")
-    print(f"autograd-guard {__version__}")
-    pth = find_pth()
-    if pth:
-        print(f".pth          installed: {pth}")
-    else:
-        print(f".pth          MISSING: no {PTH_NAME} in {', '.join(site_dirs())}.")
-        print(
-            "              Setting AUTOGRAD_GUARD does nothing here. Reinstall without "
-            "--editable, or use 'autograd-guard run -- CMD'."
-        )
-    print(
-        f"auto-load     {'active in this process' if STATE.started else 'not active'}"
-        f" (AUTOGRAD_GUARD {'requests it' if _environment.requested() else 'is unset or off'})"
-    )
-    print("environment")
-    for name in _environment.VARIABLES:
-        print(f"  {name}={os.environ[name]!r}" if name in os.environ else f"  {name} (unset)")
-
-
-def _print_guard(guard_class: type[Guard], policy: _policy.Policy) -> None:
-    """One guard: its mode and the guard's own verdict, then its options and their docs."""
-    name = guard_class.name
-    if guard_class.provided_by != "autograd-guard":
-        print(f"  {name:<18} third-party guard from {guard_class.provided_by}", end="")
-        print(f": UNAVAILABLE, {guard_class.unavailable}" if guard_class.unavailable else "")
-        if guard_class.unavailable:
-            return
-    guard = guard_class(policy)
-    if guard.distribution:
-        _, why = guard.verdict()
-    else:
-        stages = [r.target for r in policy.rules_for(guard.rule_action)]
-        why = f"rules: {', '.join(stages) or 'none'}"
-    print(f"  {name:<18} mode={guard.mode:<7} {why}")
-    for option, spec in guard.options.items():
-        print(f"      {option} = {guard.config[option]!r}  # {spec.doc}")
-
-
-def site_dirs() -> list[str]:
-    dirs = list(getattr(site, "getsitepackages", list)())
-    user = site.getusersitepackages() if hasattr(site, "getusersitepackages") else None
-    dirs += [user] if user else []
-    dirs.append(sysconfig.get_paths()["purelib"])
-    return list(dict.fromkeys(dirs))
-
-
-def find_pth() -> str | None:
-    for folder in site_dirs():
-        candidate = os.path.join(folder, PTH_NAME)
-        if os.path.isfile(candidate):
-            return candidate
-    return None
-
-
-def check_policy(args: argparse.Namespace) -> int:
-    try:
-        policy = _policy.load(args.file, available())
-    except PolicyError as exc:
-        print(f"invalid policy: {exc}", file=sys.stderr)
-        return 1
-    problems, notes = _unreachable(policy)
-    for note in notes:
-        print(f"note: {note}")
-    if problems:
-        for problem in problems:
-            print(f"invalid policy: {problem}", file=sys.stderr)
-        return 1
-    print(f"ok: {policy.source} (mode {policy.env_mode or policy.mode}, {len(policy.rules)} rules)")
-    return 0
-
-
-def _unreachable(policy: _policy.Policy) -> tuple[list[str], list[str]]:
-    """Rules whose top-level module cannot be found, and a log that cannot be written.
-
-    Found with ``find_spec`` on the top-level name, which imports nothing. A rule of a
-    shipped preset (Unique3D's stages) only earns a note where the program is not there.
-    """
-    import importlib.machinery
-    import importlib.util
-
-    problems: list[str] = []
-    notes: list[str] = []
-    search = [os.getcwd(), *sys.path]  # the program runs from here, not from this script
-    for rule in policy.rules:
-        top = rule.module.partition(".")[0]
-        if importlib.util.find_spec(top) or importlib.machinery.PathFinder.find_spec(top, search):
-            continue
-        text = (
-            f"{rule.origin}: {rule.key}.target: no module {top!r} can be found here "
-            f"for {rule.target!r}"
-        )
-        (notes if rule.origin.startswith("preset ") else problems).append(text)
-    log = policy.log
-    if log and log not in ("stderr", "logging"):
-        folder = os.path.dirname(os.path.abspath(log)) or "."
-        where = f"{policy.log_source}: {log!r}"
-        if not os.path.isdir(folder):
-            problems.append(
-                f"{where}: the folder {folder!r} does not exist "
-                "(allowed: stderr, logging, or a file path in an existing folder)"
-            )
-        elif os.path.exists(log) and not os.path.isfile(log):
-            problems.append(
-                f"{where}: not a regular file (allowed: stderr, logging, or a file path)"
-            )
-        elif not os.access(log if os.path.exists(log) else folder, os.W_OK):
-            problems.append(f"{where}: not writable (allowed: a writable file path)")
-    return problems, notes
+    parser = argparse.ArgumentParser(prog="autograd-guard", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"autograd-guard {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = {
+        name: commands.add_parser(name, help=summary, description=f"{summary} {text}")
+        for name, (summary, text) in COMMANDS.items()
+    }
+    sub["check"].add_argument("file", nargs="?", help="policy file (default: the one in force)")
+    sub["init"].add_argument("--force", action="store_true", help="overwrite an existing file")
+    sub["run"].add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS")
+    _report.add_arguments(sub["report"])
+    return parser
 
 
 def init_policy(args: argparse.Namespace) -> int:

@@ -36,7 +36,11 @@ def test_search_order(tmp_path):
     (project / "pyproject.toml").write_text('[tool.autograd_guard]\nmode = "observe"\n')
     assert load(cwd=deep).mode == "observe"
     assert "pyproject.toml [tool.autograd_guard]" in load(cwd=deep).source
-    (tmp_path / "autograd_guard.toml").write_text('mode = "strict"\n')  # a parent's file wins
+    (tmp_path / "autograd_guard.toml").write_text('mode = "strict"\n')  # farther: loses
+    assert load(cwd=deep).mode == "observe"
+    (project / "autograd_guard.toml").write_text('mode = "strict"\n')  # same folder: wins
+    assert load(cwd=deep).mode == "strict"
+    (deep / "pyproject.toml").write_text('[project]\nname = "x"\n')  # no table: not a policy
     assert load(cwd=deep).mode == "strict"
     own = tmp_path / "own.toml"
     own.write_text('mode = "off"\n')

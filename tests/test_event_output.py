@@ -1,0 +1,90 @@
+"""What a user sees of events (issue 21): one short line per event on stderr, the details
+in the JSON log; at exit, once, the rules that never attached; findings counted apart."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from helpers import ROOT, run_python
+
+from autograd_guard import _events
+
+FIELDS = {
+    "mode": "fix",
+    "target": "fitlib.train:fit",
+    "version": None,
+    "remedy": "call the stage inside 'with torch.enable_grad():'",
+}
+
+
+def test_stderr_shows_one_short_line_per_event(capsys, tmp_path):
+    for destination in ("stderr", str(tmp_path / "events.jsonl")):
+        _events.configure(destination)
+        try:
+            _events.emit(
+                "stage entered with grad disabled",
+                guard="grad_mode",
+                action="enable_grad",
+                callsite="train.py:12",
+                **FIELDS,
+            )
+        finally:
+            _events.configure(None)
+            _events.reset()
+    assert capsys.readouterr().err == (
+        "autograd-guard warning: [grad_mode/enable_grad] stage entered with grad disabled at "
+        "train.py:12 | remedy: call the stage inside 'with torch.enable_grad():'\n"
+    )
+    record = json.loads((tmp_path / "events.jsonl").read_text())
+    assert record["pid"] and record["process"] and record["target"] == "fitlib.train:fit"
+
+
+def test_summary_counts_findings_apart():
+    rows = [
+        {"guard": "grad_mode", "action": "enable_grad", "callsite": "a:1", "count": 2},
+        {"guard": "grad_health", "action": "lost_gradient", "callsite": "b:1", "count": 1},
+        {"guard": "grad_health", "action": "nonfinite_origin", "callsite": "b:2", "count": 1},
+    ]
+    assert _events.describe_counts(rows) == "2 interventions at 1 call site; 2 findings"
+
+
+PROGRAM = """
+import autograd_guard
+{torch}
+autograd_guard.install()
+import fitlib.train
+fitlib.train.fit()
+"""
+
+
+def test_rules_that_never_attached_are_named_once_at_exit(tmp_path):
+    package = tmp_path / "fitlib"
+    package.mkdir()
+    (package / "__init__.py").touch()
+    (package / "train.py").write_text("def fit():\n    return 1\n")
+    policy = tmp_path / "autograd_guard.toml"
+    policy.write_text(
+        '[[rules]]\ntarget = "fitlib.trian:fit"\naction = "enable_grad"\n'
+        '[[rules]]\ntarget = "fitlib.train:fit"\naction = "enable_grad"\n'
+        '[[rules]]\ntarget = "fitlib.kernels:splat"\naction = "snapshot"\n'
+    )
+    path = f"{ROOT}:{tmp_path}"
+    result = run_python(
+        sys.executable, PROGRAM.format(torch="import torch"), tmp_path, PYTHONPATH=path
+    )
+    lines = result.stderr.splitlines()
+    assert lines[0] == (
+        "autograd-guard warning: [autograd_guard/unattached_rules] rules never attached "
+        f"(their module was never imported): fitlib.trian:fit ({policy}: rules[0]), "
+        f"fitlib.kernels:splat ({policy}: rules[2]) at {policy} | remedy: check each rule's "
+        "module path ('autograd-guard check' resolves it); a stage this program never runs "
+        "needs no rule"
+    )
+    assert lines[1:] == [
+        "autograd-guard info: [autograd_guard/summary] summary: 0 interventions at 0 call "
+        "sites; 1 finding"
+    ]
+    # A process that never imports torch runs no pipeline: nothing to say.
+    plain = run_python(sys.executable, PROGRAM.format(torch=""), tmp_path, PYTHONPATH=path)
+    assert plain.stderr == ""
