@@ -28,7 +28,7 @@ def main():
     torch.manual_seed(0)
     model = Model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(8):
+    for _ in range(120):  # past lost_steps (100 by default)
         optimizer.zero_grad()
         model(torch.randn(8, 4)).pow(2).mean().backward()
         optimizer.step()
