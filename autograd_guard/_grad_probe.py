@@ -13,6 +13,7 @@ still as the probe set it.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -45,6 +46,7 @@ class BackwardProbe:
         self._deadline = 0.0
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
+        self._node_hook = eager(self._check_node)  # one wrapper for every node
 
     def arm(self) -> None:
         torch = sys.modules["torch"]
@@ -117,7 +119,8 @@ class BackwardProbe:
         try:
             roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
             for node in _graph([t.grad_fn for t in roots if t.grad_fn is not None]):
-                handles.append(node.register_hook(self._eager(self._checker(node, pending))))
+                hook = functools.partial(self._node_hook, node, pending)
+                handles.append(node.register_hook(hook))
         except Exception as exc:
             self.error = exc
         return handles
@@ -131,25 +134,21 @@ class BackwardProbe:
         except Exception as exc:
             self.error = exc
 
-    def _checker(
-        self, node: Any, pending: list[tuple[Any, list[Any]]]
-    ) -> Callable[[Any, Any], None]:
+    def _check_node(
+        self, node: Any, pending: list[tuple[Any, list[Any]]], grad_inputs: Any, _: Any
+    ) -> None:
+        # Nodes run in topological order: the first one whose output is not finite, all
+        # of whose inputs came from nodes before it, made the value.
+        if not self.armed or self.origin is not None:
+            return
         torch = sys.modules["torch"]
-
-        def check(grad_inputs: Any, grad_outputs: Any) -> None:
-            # Nodes run in topological order: the first one whose output is not finite,
-            # all of whose inputs came from nodes before it, made the value.
-            if not self.armed or self.origin is not None:
-                return
-            try:
-                with torch.no_grad():
-                    sums = [gradient_sum(torch, g) for g in grad_inputs if g is not None]
-                if sums:
-                    pending.append((node, sums))
-            except Exception as exc:
-                self.error = exc
-
-        return check
+        try:
+            with torch.no_grad():
+                sums = [gradient_sum(torch, g) for g in grad_inputs if g is not None]
+            if sums:
+                pending.append((node, sums))
+        except Exception as exc:
+            self.error = exc
 
 
 def _first_nonfinite(torch: Any, pending: list[tuple[Any, list[Any]]]) -> tuple[str, str] | None:
