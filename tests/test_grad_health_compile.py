@@ -129,9 +129,9 @@ def syncs(cpu_as_cuda):
     count = [0]
     real = _grad_check.FiniteCheck.all_finite
 
-    def counted(self, grads):
+    def counted(self, *args):
         count[0] += 1
-        return real(self, grads)
+        return real(self, *args)
 
     cpu_as_cuda.setattr(_grad_check.FiniteCheck, "all_finite", counted)
     return count
