@@ -25,6 +25,19 @@ if TYPE_CHECKING:
 DEFERRED_DEVICE_TYPES = {"cuda"}
 
 
+class Slot:
+    """One thread's flags for one device, and what the device allows."""
+
+    __slots__ = ("cuda", "deferred", "found", "kernel", "one")
+
+    def __init__(self, torch: Any, device: Any, kernel: bool) -> None:
+        self.cuda = device.type == "cuda"
+        self.deferred = device.type in DEFERRED_DEVICE_TYPES and kernel
+        self.kernel = kernel  # AMP's kernel runs on this device type
+        self.found: Any = torch.zeros(1, device=device) if kernel else None  # 0 when healthy
+        self.one: Any = torch.ones(1, device=device) if kernel else None
+
+
 class FiniteCheck:
     """Whether gradients are all finite, with flags of each thread's own."""
 
@@ -32,13 +45,27 @@ class FiniteCheck:
         self._local = threading.local()
         self._kernel_works: dict[str, bool] = {}  # device type -> AMP's kernel runs there
 
-    def all_finite(self, grads: list[Any]) -> bool:
+    def slot(self, device: Any) -> Slot:
+        slots = self._local.__dict__.get("slots")
+        if slots is None:
+            slots = self._local.slots = {}
+        slot = slots.get(device)
+        if slot is None:
+            torch = sys.modules["torch"]
+            slot = Slot(torch, device, self._kernel(torch, device))
+            if slot.found is None or type(slot.found) is torch.Tensor:  # not in a fake mode
+                slots[device] = slot
+        return slot
+
+    def all_finite(self, grads: list[Any], slot: Slot | None = None) -> bool:
         """One sync per device. Meta and fake tensors hold no values: they pass."""
         torch = sys.modules["torch"]
         first = grads[0]
-        if type(first) is torch.Tensor and self._kernel(torch, first.device):
+        if type(first) is torch.Tensor:  # not a subclass (fake tensors and the like)
+            slot = slot or self.slot(first.device)
+        if slot is not None and slot.kernel:
             try:
-                return self._fused(torch, grads, first.device)
+                return _fused(torch, grads, slot)
             except (RuntimeError, TypeError):  # several devices, sparse or complex gradients
                 pass
         by_device: dict[Any, list[Any]] = {}
@@ -48,19 +75,19 @@ class FiniteCheck:
             by_device.setdefault(values.device, []).append(values)
         return all(self._group_finite(torch, group) for group in by_device.values())
 
-    def device_flag(self, grads: list[Any]) -> Any:
+    def device_flag(self, grads: list[Any], slot: Slot) -> Any:
         """A new 0-dim tensor (as GradScaler lends) on the gradients' device, 1.0 where any
         is not finite; None where this cannot be had without a sync (no kernel, several
         devices)."""
         torch = sys.modules["torch"]
-        device = grads[0].device
-        if device.type not in DEFERRED_DEVICE_TYPES or _capturing(torch, device):
+        first = grads[0]
+        if not slot.deferred or type(first) is not torch.Tensor:
             return None
-        if type(grads[0]) is not torch.Tensor or not self._kernel(torch, device):
+        if slot.cuda and torch.cuda.is_current_stream_capturing():
             return None
-        found = torch.zeros((), device=device)  # fresh: read while the next step runs
+        found = torch.zeros((), device=first.device)  # fresh: read while the next step runs
         try:
-            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, self._one(device))
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, slot.one)
         except (RuntimeError, TypeError):
             return None
         return found
@@ -69,9 +96,10 @@ class FiniteCheck:
         device = group[0].device
         if device.type == "meta" or _fake(group[0]):
             return True  # no values to check; the optimizer says what it makes of them
-        if self._kernel(torch, device):
+        slot = self.slot(device)
+        if slot.kernel:
             try:
-                return self._fused(torch, group, device)
+                return _fused(torch, group, slot)
             except (RuntimeError, TypeError):
                 pass
         sums = torch.stack([gradient_sum(torch, g).float() for g in group])
@@ -79,38 +107,16 @@ class FiniteCheck:
             return True
         return all(bool(g.isfinite().all()) for g in group)
 
-    def _fused(self, torch: Any, grads: list[Any], device: Any) -> bool:
-        if _capturing(torch, device):
-            return True  # no sync is allowed inside a CUDA graph capture
-        flags = self._local.__dict__.setdefault("flags", {})
-        found = flags.get(device)
-        if found is None:
-            found = flags[device] = torch.zeros(1, device=device)
-        try:  # found stays 0 between healthy steps: no zero_() per step
-            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, self._one(device))
-        except BaseException:
-            found.zero_()  # a kernel stopped midway may have set it
-            raise
-        if not found.item():
-            return True
-        found.zero_()
-        return False
-
-    def _one(self, device: Any) -> Any:
-        ones = self._local.__dict__.setdefault("ones", {})
-        one = ones.get(device)
-        if one is None:
-            one = ones[device] = sys.modules["torch"].ones(1, device=device)
-        return one
-
     def _kernel(self, torch: Any, device: Any) -> bool:
         """AMP's kernel runs on this device type (feature-detected once)."""
         works = self._kernel_works.get(device.type)
         if works is None:
             works = False
             if device.type != "meta":
+                probe = [torch.zeros(1, device=device)]
+                if type(probe[0]) is not torch.Tensor:
+                    return False  # a fake mode is on: ask again outside it
                 try:
-                    probe = [torch.zeros(1, device=device)]
                     torch._amp_foreach_non_finite_check_and_unscale_(
                         probe, torch.zeros(1, device=device), torch.ones(1, device=device)
                     )
@@ -119,6 +125,21 @@ class FiniteCheck:
                     pass
             self._kernel_works[device.type] = works
         return works
+
+
+def _fused(torch: Any, grads: list[Any], slot: Slot) -> bool:
+    if slot.cuda and torch.cuda.is_current_stream_capturing():
+        return True  # no sync is allowed inside a CUDA graph capture
+    found = slot.found
+    try:
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, slot.one)
+    except BaseException:
+        found.zero_()  # a kernel stopped midway may have set it
+        raise
+    if not found.item():
+        return True
+    found.zero_()
+    return False
 
 
 def gradient_sum(torch: Any, grad: Any) -> Any:
@@ -147,10 +168,6 @@ def all_values_finite(grad: Any) -> bool:
 def _fake(tensor: Any) -> bool:
     fake = sys.modules.get("torch._subclasses.fake_tensor")
     return fake is not None and isinstance(tensor, fake.FakeTensor)
-
-
-def _capturing(torch: Any, device: Any) -> bool:
-    return device.type == "cuda" and bool(torch.cuda.is_current_stream_capturing())
 
 
 # Modules of torch.compile's own that hold the user's (Dynamo's FakeRootModule on 2.1)

@@ -69,17 +69,20 @@ class EagerHooks:
             if getattr(kind.__dict__.get("step"), _OURS, False):
                 setattr(kind, "step", step)  # noqa: B010
         self._wrapped = []
-        if self._patcher is not None:
-            patcher, patch = self._patcher
-            patcher.patch = patch
-            self._patcher = None
+        self._unwatch_patcher()
 
     # -- torch 2.1's TorchPatcher ------------------------------------------------------
 
     def _watch_patcher(self) -> None:
+        """Rehook right after ``TorchPatcher.patch`` first runs (at the first
+        ``torch.compile``); its body runs once (``lru_cache``), so it is then put back."""
         patcher = getattr(sys.modules.get("torch._dynamo.eval_frame"), "TorchPatcher", None)
         original = getattr(patcher, "__dict__", {}).get("patch")
         if not isinstance(original, staticmethod) or self._patcher is not None:
+            return
+        cache_info = getattr(original.__func__, "cache_info", None)
+        if cache_info is not None and cache_info().currsize:
+            self.rehook()  # it ran before the guard was installed
             return
 
         def patch(*args: Any, **kwargs: Any) -> Any:
@@ -87,12 +90,16 @@ class EagerHooks:
                 return original.__func__(*args, **kwargs)
             finally:
                 self.rehook()
+                self._unwatch_patcher()
 
         patcher.patch = staticmethod(functools.wraps(original.__func__)(patch))  # type: ignore[union-attr]
         self._patcher = (patcher, original)
-        cache_info = getattr(original.__func__, "cache_info", None)
-        if cache_info is not None and cache_info().currsize:
-            self.rehook()  # it ran before the guard was installed
+
+    def _unwatch_patcher(self) -> None:
+        if self._patcher is not None:
+            patcher, patch = self._patcher
+            patcher.patch = patch
+            self._patcher = None
 
     def rehook(self) -> None:
         """Wrap ``step`` of each torch.optim class whose step no longer calls the hooks."""

@@ -7,7 +7,8 @@ A mixin of ``GradHealth``: the guard holds the state and reports; this is the fl
 
 from __future__ import annotations
 
-from autograd_guard import _grad_check
+import sys
+
 from autograd_guard._grad_check import PendingFlag
 from autograd_guard._grad_step import (
     MULTI_EVALUATION,
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from autograd_guard._grad_check import FiniteCheck
+    from autograd_guard._grad_check import FiniteCheck, Slot
     from autograd_guard._grad_compile import EagerHooks
     from autograd_guard._grad_probe import BackwardProbe
     from autograd_guard._grad_record import Record, Records
@@ -116,14 +117,15 @@ class StepFlow:
                 self._report_lost(lost)
         if not self.config["nonfinite"] or _scaler_decides(optimizer, kwargs, record):
             return
-        grads = [p.grad for p in params if p.grad is not None]
+        grads = [g for g in [p.grad for p in params] if g is not None]  # one read of each
         if not grads:
             return
-        if grads[0].device.type in _grad_check.DEFERRED_DEVICE_TYPES and self._lend_flag(
-            optimizer, record, grads
-        ):
+        first = grads[0]
+        plain = type(first) is sys.modules["torch"].Tensor  # not fake tensors and the like
+        slot = self._finite.slot(first.device) if plain else None
+        if slot is not None and slot.deferred and self._lend_flag(optimizer, record, grads, slot):
             return
-        if self._finite.all_finite(grads):
+        if self._finite.all_finite(grads, slot):
             record.in_a_row = 0
             return
         self._nonfinite(optimizer, record, [p for p in params if p.grad is not None])
@@ -181,7 +183,7 @@ class StepFlow:
 
     # -- non-finite gradients ----------------------------------------------------------
 
-    def _lend_flag(self, optimizer: Any, record: Record, grads: list[Any]) -> bool:
+    def _lend_flag(self, optimizer: Any, record: Record, grads: list[Any], slot: Slot) -> bool:
         """On a device where reading the flag means a host sync (CUDA): a fused optimizer
         takes it (fix) and skips the step itself; ``observe`` reads it steps later. Not on
         a parameter's first step: fused SGD's kernel, skipping, leaves the momentum buffer
@@ -193,7 +195,7 @@ class StepFlow:
         )
         if not (lend or self.mode == "observe"):
             return False
-        flag = self._finite.device_flag(grads)
+        flag = self._finite.device_flag(grads, slot)
         if flag is None:
             return False
         if lend:

@@ -224,7 +224,7 @@ def test_ddp_ranks_report_each_their_own(tmp_path):
 def test_a_broken_check_leaves_the_step_as_it_is_unguarded(monkeypatch):
     from autograd_guard import _grad_check
 
-    def broken(self, grads):
+    def broken(self, *args):
         raise KeyError("broken")
 
     monkeypatch.setattr(_grad_check.FiniteCheck, "all_finite", broken)

@@ -99,6 +99,8 @@ def test_under_torch_compile_the_check_runs_at_a_graph_break():
     assert all(torch.equal(b, p) for b, p in zip(before, net.parameters(), strict=True))
     assert [e["action"] for e in events] == ["nonfinite_gradient", "nonfinite_origin"]
     assert events[0]["parameters"] == ["weight", "bias"]  # not Dynamo's own names
+    forward = events[1]["forward"]  # the compiled function's line, and the op's
+    assert forward.startswith(f"{__file__}:") and "pow(0.5)" in forward
     torch._dynamo.reset()
 
 
@@ -127,9 +129,9 @@ def syncs(cpu_as_cuda):
     count = [0]
     real = _grad_check.FiniteCheck.all_finite
 
-    def counted(self, grads):
+    def counted(self, *args):
         count[0] += 1
-        return real(self, grads)
+        return real(self, *args)
 
     cpu_as_cuda.setattr(_grad_check.FiniteCheck, "all_finite", counted)
     return count
