@@ -6,8 +6,11 @@ in 3.12, ``sys.setrecursionlimit``). A recursive stage would then stop at a thir
 unguarded depth instead of a half. There, each guarded call made while another one runs
 on the same thread gives that level back: the limit is one higher until it returns.
 
-The program's own limit stands: if it sets one while levels are given back, those levels
-are not taken back from its value.
+The limit is the interpreter's, not the thread's. Lowering it below the depth of another
+thread that went deeper meanwhile makes CPython abort ("Cannot recover from stack
+overflow"), so levels are given back only while no other Python thread runs, and taken
+back only then (later, if a thread has started since). The program's own limit stands: if
+it sets one while levels are given back, those levels are not taken back from its value.
 """
 
 from __future__ import annotations
@@ -22,26 +25,28 @@ if TYPE_CHECKING:
 
 
 class GiveBackCLevel:
-    """A context manager around the wrapper's call of the original (nested calls only)."""
+    """A context manager around the wrapper's call of the original, for a guarded call made
+    while another one runs on the thread (``running.call``, set by the outermost one)."""
 
     def __init__(self) -> None:
-        self._local = _thread._local()
+        self.running = _thread._local()  # .call: a guarded call runs on this thread
+        self._local = _thread._local()  # .stack: per level, its era or None (not given)
         self._lock = _thread.allocate_lock()
         self._expected = 0  # the limit as this class last left it (0: not yet known)
-        self._given = 0  # levels given back since the program last set the limit
+        self._owed = 0  # levels given back and returned, not yet taken back
         self._era = 0  # counts the program's own changes of the limit
 
     def __enter__(self) -> None:
         stack = getattr(self._local, "stack", None)
         if stack is None:
             stack = self._local.stack = []
-        if not stack:  # the outermost guarded call on this thread: nothing to give back
+        if _thread._count():  # other threads: see the module's docstring
             stack.append(None)
             return
         with self._lock:
             limit = self._current()
             sys.setrecursionlimit(limit + 1)
-            self._expected, self._given = limit + 1, self._given + 1
+            self._expected = limit + 1
             stack.append(self._era)
 
     def __exit__(self, *exc: Any) -> None:
@@ -50,20 +55,23 @@ class GiveBackCLevel:
             return
         with self._lock:
             limit = self._current()
-            if era != self._era or self._given == 0:
+            if era != self._era:
                 return  # the program set its own limit since: it stands
+            self._owed += 1
+            if _thread._count():
+                return  # taken back once this thread is alone again
             try:
-                sys.setrecursionlimit(limit - 1)
-            except RecursionError:  # right at the limit: take the level back later
+                sys.setrecursionlimit(limit - self._owed)
+            except RecursionError:  # this thread is still that deep: later
                 return
-            self._expected, self._given = limit - 1, self._given - 1
+            self._expected, self._owed = limit - self._owed, 0
 
     def _current(self) -> int:
         """The limit now; a value this class did not leave starts a new era."""
         limit = sys.getrecursionlimit()
         if limit != self._expected:
             self._era += 1
-            self._given = 0
+            self._owed = 0
             self._expected = limit
         return limit
 

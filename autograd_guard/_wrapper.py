@@ -237,10 +237,17 @@ def _handling(
                 self.fail("check", exc)
                 is_risky = False
             if not is_risky:
+                # Inline, not in a helper: a frame of its own would cost recursion depth.
                 if GIVE_BACK is None:
                     return wrapped(*args, **kwargs)
-                with GIVE_BACK:  # one frame per level of recursion (see _recursion)
+                if getattr(GIVE_BACK.running, "call", False):
+                    with GIVE_BACK:  # inside another guarded call (see _recursion)
+                        return wrapped(*args, **kwargs)
+                GIVE_BACK.running.call = True
+                try:
                     return wrapped(*args, **kwargs)
+                finally:
+                    GIVE_BACK.running.call = False
         call = Call(target, wrapped, instance, args, kwargs)
         try:
             return handle(call)
@@ -283,9 +290,15 @@ def _checking_around(self: Guard, target: Target) -> Callable[..., Any]:
             after = None
         if GIVE_BACK is None:
             result = wrapped(*args, **kwargs)
-        else:
-            with GIVE_BACK:
+        elif getattr(GIVE_BACK.running, "call", False):
+            with GIVE_BACK:  # inside another guarded call (see _recursion)
                 result = wrapped(*args, **kwargs)
+        else:
+            GIVE_BACK.running.call = True
+            try:
+                result = wrapped(*args, **kwargs)
+            finally:
+                GIVE_BACK.running.call = False
         if after is not None:
             try:
                 after()

@@ -5,11 +5,13 @@ like the originals, and targets that are not functions are left alone."""
 from __future__ import annotations
 
 import copy
+import json
 import pickle
 import sys
 
 import pytest
 import torch
+from helpers import ROOT, run_python
 
 import autograd_guard
 from autograd_guard.testing import capture_events
@@ -297,8 +299,19 @@ def walk(x, n):
     return x if n == 0 else walk(x * 0.5, n - 1)
 """
 
+# Run in a child: the recursion limit is the interpreter's, and threads left by other
+# tests would keep the levels from being given back (see _recursion).
+DEPTHS = """
+import json, sys, threading
+import torch
+import autograd_guard
+autograd_guard.install({"rules": [
+    {"target": "user_recursive:down", "action": "enable_grad"},
+    {"target": "user_recursive:walk", "action": "snapshot"},
+]})
+import user_recursive as r
 
-def _deepest(function) -> int:
+def deepest(function):
     low, high = 1, 3 * sys.getrecursionlimit()
     while low < high:
         middle = (low + high + 1) // 2
@@ -309,35 +322,33 @@ def _deepest(function) -> int:
             high = middle - 1
     return low
 
-
-@pytest.fixture
-def recursive(make_module):
-    make_module("user_recursive", RECURSIVE)
-    rules = [
-        {"target": "user_recursive:down", "action": "enable_grad"},
-        {"target": "user_recursive:walk", "action": "snapshot"},
-    ]
-    autograd_guard.install({"rules": rules})
-    import user_recursive
-
-    assert hasattr(user_recursive.down, "__wrapped__") and hasattr(
-        user_recursive.walk, "__wrapped__"
-    )
-    limit = sys.getrecursionlimit()
-    yield user_recursive
-    sys.setrecursionlimit(limit)
+limit = sys.getrecursionlimit()
+result = {"limit": limit, "down": deepest(r.down), "inside": r.down(10)}
+result["walk"] = deepest(lambda n: r.walk(torch.ones(1), n))
+result["after"] = sys.getrecursionlimit()
+depths = []
+threads = [threading.Thread(target=lambda: depths.append(deepest(r.down))) for _ in range(4)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+result["in_threads"] = depths
+result["set_inside"] = r.down(10, limit + 500)
+result["after_set"] = sys.getrecursionlimit()
+print(json.dumps(result))
+"""
 
 
-def test_a_recursive_target_costs_one_frame_per_level(recursive):
+def test_a_recursive_target_costs_one_frame_per_level(tmp_path):
     # Issue 19 item 12: unguarded ~990 levels; guarded ~330 (enable_grad), ~190 (snapshot).
-    limit = sys.getrecursionlimit()
-    assert _deepest(recursive.down) >= 0.45 * limit
-    assert _deepest(lambda n: recursive.walk(torch.ones(1), n)) >= 0.45 * limit
-    assert sys.getrecursionlimit() == limit  # every level given back is taken back
-
-
-def test_a_recursion_limit_set_inside_a_recursive_target_stands(recursive):
-    limit = sys.getrecursionlimit()
-    assert recursive.down(10) >= limit  # read inside: higher by the levels given back
-    assert recursive.down(10, limit + 500) == limit + 500
-    assert sys.getrecursionlimit() == limit + 500
+    (tmp_path / "user_recursive.py").write_text(RECURSIVE)
+    out = run_python(sys.executable, DEPTHS, tmp_path, PYTHONPATH=str(ROOT)).stdout
+    result = json.loads(out)
+    limit = result["limit"]
+    assert result["down"] >= 0.45 * limit and result["walk"] >= 0.45 * limit
+    assert result["after"] == limit  # every level given back was taken back
+    assert result["inside"] >= limit  # read inside: higher by the levels given back
+    # Threads recursing at once: nothing given back (lowering the interpreter's limit under
+    # another thread's depth made CPython abort), and nothing aborted.
+    assert len(result["in_threads"]) == 4 and min(result["in_threads"]) >= 0.3 * limit
+    assert result["set_inside"] == result["after_set"] == limit + 500  # the program's own
