@@ -79,7 +79,7 @@ class StepFlow:
         return None
 
     def _closure_then_check(self, optimizer: Any, record: Record, closure: Any) -> Any:
-        evaluated = self._hooks.eager(self._evaluated)
+        evaluated = self._hooks.eager_method(self._evaluated)
 
         def closure_then_check() -> Any:
             loss = closure()
@@ -235,7 +235,7 @@ class StepFlow:
         if evaluation or record.unhooked:
             window.hide()  # inside step() already: from now on
         if not record.unhooked:
-            window.attach(optimizer, self._hooks.eager, hide=not evaluation)
+            window.attach(optimizer, self._hooks.eager_method, hide=not evaluation)
         record.window = window
         if not moved:
             return f"this {kind} step was skipped{at} (weights and optimizer state as before it)"

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from grad_health_twin import assert_guard_on
 from helpers import run_python
 
 import autograd_guard
@@ -58,6 +59,7 @@ def test_a_correct_loop_is_silent(mode):
     with capture_events() as events:
         train(Net(), steps=12)  # the aux head gets a gradient every other step only
     assert events == []
+    assert_guard_on()
 
 
 def test_a_detached_backbone_is_named_once_with_the_step_line():
@@ -320,6 +322,7 @@ def test_gradscaler_steps_are_left_to_gradscaler():
                 scaler.step(optimizer)
                 scaler.update()
         assert events == [] and float(optimizer.state[w]["step"]) == 3
+        assert_guard_on()
         autograd_guard.uninstall()
 
 
@@ -342,6 +345,7 @@ def test_dtypes_large_finite_values_and_sparse_gradients_are_silent():
             dense.step()
             sparse.step()
     assert events == []
+    assert_guard_on()
 
 
 def test_a_nan_in_a_sparse_gradient_is_found():
