@@ -104,12 +104,17 @@ def _choose(guard: Guard, target: Target, state: Any) -> int:
 
 
 def _method_graph_breaks_work() -> bool:
-    """False where Dynamo (torch 2.15) rebuilds a method it inlined through
-    ``_torchdynamo_inline`` from the class's function at a graph break, calling it without
-    the instance (``WrapperUserMethodVariable`` has no ``reconstruct`` of its own)."""
+    """False where Dynamo (torch 2.15) inlines a method through ``_torchdynamo_inline`` as a
+    ``WrapperUserMethodVariable`` around a function variable, which it rebuilds at a graph
+    break from the class's function, calling it without the instance."""
+    import inspect
+
     functions = sys.modules.get("torch._dynamo.variables.functions")
     method_variable = getattr(functions, "WrapperUserMethodVariable", None)
-    return method_variable is None or "reconstruct" in vars(method_variable)
+    if method_variable is None or "reconstruct" in vars(method_variable):
+        return True
+    parameters = list(inspect.signature(method_variable.__init__).parameters)
+    return parameters[1:2] != ["fn"]
 
 
 def _marked_constant(function: Callable[..., Any]) -> Callable[..., Any]:
