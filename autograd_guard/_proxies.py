@@ -33,6 +33,16 @@ class _CopiedAsItself:
 
 
 class GuardedBoundFunction(_CopiedAsItself, wrapt.BoundFunctionWrapper):  # type: ignore[misc, type-arg]
+    def __deepcopy__(self, memo: Any) -> Any:
+        # As a bound method: the copy is bound to a copy of the instance (a model's own
+        # hook, deep-copied with the model, must act on the copy).
+        instance = self._self_instance
+        if instance is None or self._self_binding != "function":
+            return self
+        import copy
+
+        return self._self_parent.__get__(copy.deepcopy(instance, memo), type(instance))
+
     def __getattribute__(self, name: str) -> Any:
         if name == "_torchdynamo_inline":
             # Dynamo inlines type(obj).method, and may call it back through

@@ -177,6 +177,14 @@ def test_static_methods_methods_through_the_class_and_aliases_pickle(pickled, pr
     assert pickle.loads(pickle.dumps(pickled.alias, protocol)) is pickled.alias
 
 
+def test_a_deep_copied_model_keeps_its_own_guarded_bound_method(pickled):
+    holder = pickled.Holder()
+    holder.bound = holder.step  # a model keeping one of its own methods, as hooks are kept
+    clone = copy.deepcopy(holder)
+    assert clone.bound.__self__ is clone and holder.bound.__self__ is holder
+    assert clone.bound(torch.ones(1)).item() == 2.0
+
+
 def test_spawned_workers_map_a_static_method_and_an_alias(pickled):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
