@@ -54,6 +54,18 @@ def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
             _events.at_exit(report_unattached_rules)
 
 
+def _a_library_process() -> bool:
+    """A process a library started to run its own code (inductor's compile workers run
+    ``python -m torch._inductor...`` or a script inside torch): not the user's program."""
+    main = sys.modules.get("__main__")
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None) or ""
+    if spec_name.split(".")[0] == "torch":
+        return True
+    torch_dir = os.path.dirname(getattr(sys.modules.get("torch"), "__file__", None) or "")
+    main_file = os.path.abspath(getattr(main, "__file__", None) or "")
+    return bool(torch_dir) and main_file.startswith(torch_dir + os.sep)
+
+
 def report_unattached_rules() -> None:
     """At exit, once: the policy's own rules whose module this process never imported, so
     that a typo in a module path (``fitlib.trian``) is named, not silently unguarded. A
@@ -65,6 +77,8 @@ def report_unattached_rules() -> None:
     if policy is None or "torch" not in sys.modules:
         return
     if multiprocessing is not None and multiprocessing.parent_process() is not None:
+        return
+    if _a_library_process():
         return
     actions = {g.rule_action for g in STATE.guards if g.rule_action and g.mode != "off"}
     unattached = [
