@@ -163,7 +163,7 @@ def find_callsite(*libraries: str) -> str:
     own = tuple(_OWN_DIRS)
     frame: FrameType | None = sys._getframe(1)
     start = frame
-    while frame is not None and frame.f_code not in _WRAPPER_CODES:
+    while frame is not None and id(frame.f_code) not in _WRAPPER_CODES:
         frame = frame.f_back
     frame = frame.f_back if frame is not None else start
     library_frame = first_frame = None
@@ -319,9 +319,11 @@ def _mark(wrapper: Any, guard: Guard, target: Target) -> None:
     wrapper._autograd_guard_scripted = lambda: _compiled.scripted(guard, target)
 
 
-# Every wrapper shares one of these code objects; find_callsite looks for them on the stack.
+# Every wrapper shares one of these code objects; find_callsite looks for them on the stack,
+# by identity: a code object that torch.compile rewrote may hold constants that cannot be
+# hashed (a TypeError under torch 2.1).
 _WRAPPER_CODES = frozenset(
-    c
+    id(c)
     for maker in (_handling, _checking_around)
     for c in maker.__code__.co_consts
     if getattr(c, "co_name", "").startswith("autograd_guard_")

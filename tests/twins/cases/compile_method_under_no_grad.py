@@ -1,5 +1,7 @@
-"""``torch.compile`` (inductor) of a call to a guarded method stage, made under no_grad:
-the remedy is traced into the graph, as ``torch.enable_grad()`` inside would be."""
+"""``torch.compile`` (inductor) of a step that calls a guarded method stage, called under
+no_grad: the stage gets grad, as calling the compiled step under ``torch.enable_grad()``
+gives it (an ``enable_grad()`` inside the compiled step would not do on torch < 2.5,
+which compiles a graph entered without grad for inference)."""
 
 import os
 
@@ -24,15 +26,17 @@ def main():
     fitter = Fitter()
 
     def step(x, w):
-        if os.environ.get("TWIN_HANDFIX"):
-            with torch.enable_grad():
-                return fitter.run(x, w)
         return fitter.run(x, w)
 
     w = torch.ones(3, requires_grad=True)
+    compiled = torch.compile(step)
     with torch.no_grad():
-        loss = torch.compile(step)(torch.arange(3.0), w)
+        if os.environ.get("TWIN_HANDFIX"):
+            with torch.enable_grad():
+                loss = compiled(torch.arange(3.0), w)
+        else:
+            loss = compiled(torch.arange(3.0), w)
     print("requires grad:", loss.requires_grad)
     if loss.requires_grad:
         loss.backward()
-    print(w.grad)
+    print(loss.item(), w.grad)
