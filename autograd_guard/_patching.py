@@ -49,6 +49,7 @@ def wrap(
         result = Patched()
         _set(parent, attribute, original, function_wrapper)
         result.places.append(f"{getattr(module, '__name__', module)}:{qualname}")
+        result.places += _replace_module_aliases(parent, attribute, original, function_wrapper)
         for alias in aliases:
             name, _, attr = alias.partition(":")
             owner = sys.modules.get(name)
@@ -94,6 +95,22 @@ def _is_ours(obj: object, wrapper: Wrapper) -> bool:
 def _set(owner: object, attribute: str, original: object, replacement: object) -> None:
     setattr(owner, attribute, replacement)
     STATE.applied.append((owner, attribute, original, replacement))
+
+
+def _replace_module_aliases(
+    parent: object, attribute: str, original: object, replacement: object
+) -> list[str]:
+    """The target's module exports the same function under another name too (``fit =
+    _fit_impl``): that name is guarded as well, so that either pickles by reference."""
+    namespace = getattr(parent, "__dict__", None)
+    if not isinstance(parent, type(sys)) or not isinstance(namespace, dict):
+        return []
+    places = []
+    for name, value in list(namespace.items()):
+        if value is original and name != attribute:
+            _set(parent, name, original, replacement)
+            places.append(f"{parent.__name__}:{name}")
+    return places
 
 
 def _replace_everywhere(original: object, replacement: object) -> list[str]:
