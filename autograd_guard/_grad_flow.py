@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from autograd_guard._grad_record import Record, Records
 
 
+NO_CLOSURE = (None, -1)
+
+
 class StepFlow:
     """What runs at each optimizer step (``GradHealth`` provides the state and reports)."""
 
@@ -64,7 +67,10 @@ class StepFlow:
             self._step_over(optimizer, record)  # the last step raised before its post-hooks
         record.step += 1
         record.evaluations = 0
-        closure, position = closure_of(optimizer, args, kwargs)
+        # optimizer.step() with no argument, the common case, has no closure
+        closure, position = (
+            closure_of(optimizer, args, kwargs) if kwargs or len(args) > 1 else NO_CLOSURE
+        )
         if closure is not None:
             if (
                 self.mode != "observe"

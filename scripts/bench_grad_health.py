@@ -139,7 +139,7 @@ def measure(steps: int = 50, count: int = 15) -> list[Row]:
     rows = [
         side_by_side(f"{CASE}: step guarded vs bare", "", steps, count, "<= 1.05x"),
         side_by_side(
-            "the same MLP, batch 1024 (a ~2.5 ms step): guarded vs bare",
+            "the same MLP, batch 1024 (~2.5 ms at 2 threads): guarded vs bare",
             "large",
             steps // 2,
             count,
