@@ -1,6 +1,9 @@
 """The program runs pytest (with warnings as errors) on a test file that calls a guarded
 stage: the same outcome and exit code, nothing logged."""
 
+import contextlib
+import io
+
 import pytest
 
 TWIN = {
@@ -47,7 +50,8 @@ class Outcomes:
 
 def main():
     outcomes = Outcomes()
-    code = pytest.main(
-        ["-q", "-p", "no:cacheprovider", "-W", "error", "test_stages.py"], plugins=[outcomes]
-    )
+    with contextlib.redirect_stdout(io.StringIO()):  # its report holds durations
+        code = pytest.main(
+            ["-q", "-p", "no:cacheprovider", "-W", "error", "test_stages.py"], plugins=[outcomes]
+        )
     print("exit code", int(code), outcomes.results)
