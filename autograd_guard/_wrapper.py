@@ -9,28 +9,18 @@ guard's own falls back to the library's own behaviour.
 from __future__ import annotations
 
 import os
-import sys
 
-from autograd_guard import _compiled
+from autograd_guard import _callsite, _compiled
+from autograd_guard._callsite import find_callsite as find_callsite  # where guards find it
 from autograd_guard._recursion import GIVE_BACK
 from autograd_guard.errors import GuardError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from types import FrameType
     from typing import Any
 
     from autograd_guard._guard import Guard, Target
-
-# Frames in these folders are never a call site: ours, then wrapt's (added on first use).
-_OWN_DIRS: list[str] = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
-
-
-def _wrapt_dir() -> str:
-    import wrapt
-
-    return os.path.dirname(os.path.abspath(wrapt.__file__)) + os.sep
 
 
 def argument(
@@ -144,47 +134,6 @@ class Call:
         return self._callsite
 
 
-# Never the call site while the user's code is on the stack: torch (``nn.Module.__call__``),
-# the standard library (``unittest``'s ``assertRaises``, ``threading``) and test runners.
-_INFRASTRUCTURE = frozenset({"torch", "_pytest", "pytest", "pluggy", *sys.stdlib_module_names})
-
-
-def find_callsite(*libraries: str) -> str:
-    """``file:line`` of the code that called the wrapped function.
-
-    Starts above the engine's wrapper frame, so a guard's own frames never count
-    (wherever the guard lives), and skips wrapt. The first frame of the user's code wins:
-    outside torch, the standard library, test runners and the ``libraries`` (top-level
-    package names); else the first frame outside the infrastructure (a library's own
-    tests); else the first frame at all.
-    """
-    if len(_OWN_DIRS) == 1:
-        _OWN_DIRS.append(_wrapt_dir())
-    own = tuple(_OWN_DIRS)
-    frame: FrameType | None = sys._getframe(1)
-    start = frame
-    while frame is not None and id(frame.f_code) not in _WRAPPER_CODES:
-        frame = frame.f_back
-    frame = frame.f_back if frame is not None else start
-    library_frame = first_frame = None
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith(own):
-            package = frame.f_globals.get("__name__", "").partition(".")[0]
-            first_frame = first_frame or frame
-            if package not in _INFRASTRUCTURE:
-                if package not in libraries:
-                    return _where(frame)
-                library_frame = library_frame or frame
-        frame = frame.f_back
-    found = library_frame or first_frame
-    return _where(found) if found is not None else "<unknown>"
-
-
-def _where(frame: FrameType) -> str:
-    return f"{os.path.normpath(frame.f_code.co_filename)}:{frame.f_lineno}"
-
-
 def describe_error(exc: BaseException) -> str:
     """An exception's type and where it was raised; never its message, which can hold the
     user's data (tensor values, paths, strings)."""
@@ -257,15 +206,19 @@ def _handling(
             if exc is call.library_error:
                 raise  # the library's or the user's own exception, unchanged
             self.fail("remedy", exc)
-        # The guard broke: the library's own outcome, raised or returned outside the
-        # except block so that nothing of the guard's failure is chained to it.
-        if call.library_error is not None:
-            raise call.library_error
-        if call.has_result:
-            return call.result
-        return wrapped(*args, **kwargs)
+        return _library_outcome(call, args, kwargs)
 
     return autograd_guard_wrapper
+
+
+def _library_outcome(call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The guard broke: the library's own outcome, raised or returned outside the except
+    block so that nothing of the guard's failure is chained to it."""
+    if call.library_error is not None:
+        raise call.library_error
+    if call.has_result:
+        return call.result
+    return call.wrapped(*args, **kwargs)
 
 
 def _checking_around(self: Guard, target: Target) -> Callable[..., Any]:
@@ -319,10 +272,8 @@ def _mark(wrapper: Any, guard: Guard, target: Target) -> None:
     wrapper._autograd_guard_scripted = lambda: _compiled.scripted(guard, target)
 
 
-# Every wrapper shares one of these code objects; find_callsite looks for them on the stack,
-# by identity: a code object that torch.compile rewrote may hold constants that cannot be
-# hashed (a TypeError under torch 2.1).
-_WRAPPER_CODES = frozenset(
+# Every wrapper shares one of these code objects: find_callsite looks for them on the stack.
+_callsite.WRAPPER_CODES.update(
     id(c)
     for maker in (_handling, _checking_around)
     for c in maker.__code__.co_consts

@@ -1,6 +1,9 @@
 """The program runs pytest (with warnings as errors) on a test file that calls a guarded
 stage: the same outcome and exit code, nothing logged."""
 
+import contextlib
+import io
+
 import pytest
 
 TWIN = {
@@ -29,10 +32,10 @@ TWIN = {
 
 
             def test_fails():
-                value = fit(torch.ones(1)).item()  # pytest's explanation shows no address
-                assert value == 3.0
+                assert fit(torch.ones(1)).item() == 3.0
         """,
     },
+    "xfail": "issue 17 item 7: fixed on main (01d7f70, PYTEST_DONT_REWRITE)",
 }
 
 
@@ -46,13 +49,9 @@ class Outcomes:
 
 
 def main():
-    import contextlib
-    import io
-
-    outcomes, report = Outcomes(), io.StringIO()
-    with contextlib.redirect_stdout(report):  # pytest's report holds timings: not compared
+    outcomes = Outcomes()
+    with contextlib.redirect_stdout(io.StringIO()):  # its report holds durations
         code = pytest.main(
-            ["-q", "-p", "no:cacheprovider", "-W", "error", "test_stages.py"],
-            plugins=[outcomes],
+            ["-q", "-p", "no:cacheprovider", "-W", "error", "test_stages.py"], plugins=[outcomes]
         )
     print("exit code", int(code), outcomes.results)
