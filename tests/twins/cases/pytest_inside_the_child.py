@@ -35,7 +35,6 @@ TWIN = {
                 assert fit(torch.ones(1)).item() == 3.0
         """,
     },
-    "xfail": "issue 17 item 7: fixed on main (01d7f70, PYTEST_DONT_REWRITE)",
 }
 
 
