@@ -28,7 +28,13 @@ TRACED, EAGER, UNGUARDED = 0, 1, 2  # how a guarded call goes into a graph
 def make_inline(guard: Guard, target: Target, original: Callable[..., Any]) -> Callable[..., Any]:
     """What torch.compile traces in place of the proxy of ``original``."""
     inline = traceable(
-        _run_compiled, original=original, proxy=None, traced=None, eager=None, tried=False
+        _run_compiled,
+        guard=guard,
+        original=original,
+        proxy=None,
+        traced=None,
+        eager=None,
+        tried=False,
     )
     state = inline.__globals__["compiled"]
     method = "." in target.qualname
@@ -60,6 +66,10 @@ def _enter_compiled(*args: Any, **kwargs: Any) -> Any:
 
 
 def _run_compiled(*args: Any, **kwargs: Any) -> Any:
+    # Read while tracing, so Dynamo guards the graph on it: after uninstall() a compiled
+    # caller recompiles, with the original.
+    if not compiled.guard.active:  # type: ignore[name-defined]  # noqa: F821
+        return compiled.original(*args, **kwargs)  # type: ignore[name-defined]  # noqa: F821
     how = compiled.how()  # type: ignore[name-defined]  # noqa: F821
     if how == TRACED:
         return compiled.traced(*args, **kwargs)  # type: ignore[name-defined]  # noqa: F821

@@ -50,6 +50,7 @@ def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
             sys.stderr.write(f"autograd-guard: {warning}\n")
         for guard_class in guard_classes:
             _start(guard_class, loaded)
+        _importer.when_imported("torch._dynamo", _keep_guard_frames_uncompiled)
         if any(not rule.origin.startswith("preset ") for rule in loaded.rules):
             _events.at_exit(report_unattached_rules)
 
@@ -100,6 +101,25 @@ def report_unattached_rules() -> None:
         remedy="check each rule's module path ('autograd-guard check' resolves it); "
         "a stage this program never runs needs no rule",
     )
+
+
+def _keep_guard_frames_uncompiled(dynamo: ModuleType) -> None:
+    """See ``_dynamo_frames``; where this torch lacks what it needs, the guard's frames
+    are compiled as before (warnings at graph breaks), and one event says so."""
+    from autograd_guard import _dynamo_frames
+
+    try:
+        _dynamo_frames.dynamo_imported(dynamo)
+    except Exception as exc:
+        _events.emit(
+            "the guard's own frames may be compiled by torch.compile in this torch",
+            guard="engine",
+            action="guard_error",
+            callsite="torch._dynamo",
+            level="warning",
+            error=describe_error(exc),
+            remedy="a bug in the guard: please report it with this event",
+        )
 
 
 def _start(guard_class: type[Guard], policy: Policy) -> None:

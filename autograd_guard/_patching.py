@@ -43,7 +43,7 @@ def wrap(
 
     with STATE.patch_lock:
         parent, attribute, original = wrapt.resolve_path(module, qualname)
-        if _is_ours(getattr(original, "fget", original), wrapper):
+        if _is_ours(_callable_part(original), wrapper):
             return None
         function_wrapper = _replacement(original, wrapper)
         result = Patched()
@@ -68,19 +68,33 @@ def _guarded_function(original: object, wrapper: Wrapper) -> Any:
 
 
 def _replacement(original: object, wrapper: Wrapper) -> object:
-    """The wrapped function; a property gets its getter wrapped, as its callable part; a
-    classmethod or staticmethod is wrapped as itself."""
+    """The wrapped function; a property gets its getter wrapped, a staticmethod or a
+    classmethod its function, so that what the class holds is still a real descriptor of
+    the same kind (torch.compile reads its ``__func__``, and would trace the original
+    past a proxy that only passes for one)."""
     if isinstance(original, property):
         if original.fget is None:
             raise NotCallableTarget("a property without a getter")
         getter = _guarded_function(original.fget, wrapper)
         return property(getter, original.fset, original.fdel, original.__doc__)
-    # A classmethod object is not callable itself; wrapt binds it to the class.
+    if isinstance(original, (staticmethod, classmethod)) and callable(original.__func__):
+        return type(original)(_guarded_function(original.__func__, wrapper))
+    # A classmethod of a descriptor (Python < 3.13) is wrapped as itself.
     if not (callable(original) or isinstance(original, classmethod)) or isinstance(original, type):
         kind = type(original).__name__
         article = "an" if kind[:1] in "aeiou" else "a"
         raise NotCallableTarget(f"{article} {kind}, not a function")
     return _guarded_function(original, wrapper)
+
+
+def _callable_part(obj: object) -> object:
+    """What a guard's wrapper wraps in ``obj``: a property's getter, a static or class
+    method's function, else ``obj`` itself."""
+    if isinstance(obj, property):
+        return obj.fget
+    if isinstance(obj, (staticmethod, classmethod)):
+        return obj.__func__
+    return obj
 
 
 def _is_ours(obj: object, wrapper: Wrapper) -> bool:

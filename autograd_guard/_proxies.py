@@ -18,8 +18,10 @@ from typing import Any
 import wrapt
 
 from autograd_guard import _compiled
+from autograd_guard._dynamo_frames import skipped_methods
 
 
+@skipped_methods  # run eagerly in compiled regions, never compiled
 class _CopiedAsItself:
     """Copies of a function are the function itself."""
 
@@ -32,6 +34,7 @@ class _CopiedAsItself:
         return self
 
 
+@skipped_methods  # run eagerly in compiled regions, never compiled
 class GuardedBoundFunction(_CopiedAsItself, wrapt.BoundFunctionWrapper):  # type: ignore[misc, type-arg]
     def __deepcopy__(self, memo: Any) -> Any:
         # As a bound method: the copy is bound to a copy of the instance (a model's own
@@ -77,6 +80,7 @@ class GuardedBoundFunction(_CopiedAsItself, wrapt.BoundFunctionWrapper):  # type
         return self.__wrapped__.__reduce_ex__(protocol)
 
 
+@skipped_methods  # run eagerly in compiled regions, never compiled
 class GuardedFunction(_CopiedAsItself, wrapt.FunctionWrapper):  # type: ignore[misc, type-arg]
     """Made by ``guarded_function``: each guarded target gets a subclass of its own, whose
     ``_torchdynamo_inline`` class attribute is what torch.compile traces in its place."""

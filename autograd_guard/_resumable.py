@@ -4,6 +4,9 @@ and left before control goes back to the caller, whose own modes hold in between
 
 from __future__ import annotations
 
+from autograd_guard import _dynamo_frames
+from autograd_guard._dynamo_frames import skipped_methods
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable, Generator
@@ -37,6 +40,33 @@ class GradModes:
         self._inference.__exit__(*exc)
 
 
+@skipped_methods
+class _Uncompiled:
+    """``modes()`` entered and left with Dynamo's callback unset (see ``_dynamo_frames``):
+    a generator stage resumed in a torch.compile region has its resume compiled as
+    unguarded, never the guard's own code."""
+
+    __slots__ = ("_context", "_modes")
+
+    def __init__(self, modes: Callable[[], Any]) -> None:
+        self._modes = modes
+
+    def __enter__(self) -> None:
+        callback = _dynamo_frames.unset()
+        try:
+            self._context = self._modes()
+            self._context.__enter__()
+        finally:
+            _dynamo_frames.restore(callback)
+
+    def __exit__(self, *exc: Any) -> None:
+        callback = _dynamo_frames.unset()
+        try:
+            self._context.__exit__(*exc)
+        finally:
+            _dynamo_frames.restore(callback)
+
+
 class _NoContext:
     def __enter__(self) -> None:
         pass
@@ -54,7 +84,7 @@ def _drive(inner: Any, modes: Callable[[], Any]) -> Generator[Any, Any, Any]:
     value: Any = None
     thrown: BaseException | None = None
     while True:
-        with modes():
+        with _Uncompiled(modes):
             try:
                 item = inner.send(value) if thrown is None else inner.throw(thrown)
             except StopIteration as stop:
@@ -62,7 +92,7 @@ def _drive(inner: Any, modes: Callable[[], Any]) -> Generator[Any, Any, Any]:
         try:
             value, thrown = (yield item), None
         except GeneratorExit:
-            with modes():
+            with _Uncompiled(modes):
                 inner.close()
             raise
         except BaseException as exc:  # thrown in by the caller: pass it on to the body
@@ -99,3 +129,7 @@ async def _async_generator(inner: Any, modes: Callable[[], Any]) -> AsyncGenerat
             raise
         except BaseException as exc:
             value, thrown = None, exc
+
+
+for _function in (_drive, _await, _async_generator, _Awaitable.__await__):
+    _dynamo_frames.skip(_function.__code__)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 
-from autograd_guard import _callsite, _compiled
+from autograd_guard import _callsite, _compiled, _dynamo_frames
 from autograd_guard._callsite import find_callsite as find_callsite  # where guards find it
+from autograd_guard._dynamo_frames import DYNAMO, outside
 from autograd_guard._recursion import GIVE_BACK
 from autograd_guard.errors import GuardError
 
@@ -179,6 +180,12 @@ def _handling(
         # pass through as the same objects with the same context, and it runs once.
         if not self.active:
             return wrapped(*args, **kwargs)
+        set_eval_frame = DYNAMO.set_eval_frame
+        if set_eval_frame is not None:  # torch._dynamo is imported
+            callback = set_eval_frame(None)
+            if callback is not None and callback is not False:  # run by a compiled region
+                return outside(autograd_guard_wrapper, callback, wrapped, instance, args, kwargs)
+            set_eval_frame(callback)
         if not always:
             try:
                 is_risky = risky(instance, args, kwargs)
@@ -234,6 +241,14 @@ def _checking_around(self: Guard, target: Target) -> Callable[..., Any]:
     ) -> Any:
         if not self.active:
             return wrapped(*args, **kwargs)
+        set_eval_frame = DYNAMO.set_eval_frame
+        if set_eval_frame is not None:  # see autograd_guard_wrapper
+            callback = set_eval_frame(None)
+            if callback is not None and callback is not False:
+                return outside(
+                    autograd_guard_check_around, callback, wrapped, instance, args, kwargs
+                )
+            set_eval_frame(callback)
         try:
             after = before(Call(target, wrapped, instance, args, kwargs))
         except GuardError:
@@ -272,10 +287,13 @@ def _mark(wrapper: Any, guard: Guard, target: Target) -> None:
     wrapper._autograd_guard_scripted = lambda: _compiled.scripted(guard, target)
 
 
-# Every wrapper shares one of these code objects: find_callsite looks for them on the stack.
-_callsite.WRAPPER_CODES.update(
-    id(c)
+# Every wrapper shares one of these code objects: find_callsite looks for them on the
+# stack, and Dynamo never compiles them.
+for _code in (
+    c
     for maker in (_handling, _checking_around)
     for c in maker.__code__.co_consts
     if getattr(c, "co_name", "").startswith("autograd_guard_")
-)
+):
+    _callsite.WRAPPER_CODES.add(id(_code))
+    _dynamo_frames.skip(_code)

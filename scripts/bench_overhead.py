@@ -10,6 +10,7 @@ alternate in blocks, and the table holds the median per-call time of each.
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 import time
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from benchtable import Row, print_table
 
-from autograd_guard import _policy
+from autograd_guard import _dynamo_frames, _policy
 from autograd_guard._guard import Guard, Target
 from autograd_guard._proxies import guarded_function
 from autograd_guard.guards import available
@@ -232,6 +233,16 @@ def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:
                 "copy + compare",
             )
         )
+    # Last: a program that compiles has torch._dynamo imported, and each guarded call then
+    # asks whether a compiled region runs it (see autograd_guard._dynamo_frames).
+    _dynamo_frames.dynamo_imported(importlib.import_module("torch._dynamo"))
+    add(
+        "grad_mode stage, grad on, torch._dynamo imported",
+        guard_for("grad_mode"),
+        Target("m", "stage"),
+        stage,
+        (tensor,),
+    )
     return rows
 
 

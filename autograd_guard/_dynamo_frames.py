@@ -1,0 +1,116 @@
+"""The guard's own frames, kept out of torch.compile.
+
+Code of a torch.compile region that Dynamo does not trace (the eager part of a graph
+break, a function it skips such as ``nn.Module.__call__``, a frame it gave up on) runs
+with Dynamo's frame callback set: each Python frame entered there is compiled as the root
+of a graph of its own. A guarded call met there had Dynamo compile the guard's own frames:
+graph breaks on its checks (warnings, an error with ``fullgraph=True``, as for
+``torch.compile(model, fullgraph=True)`` whose ``forward`` is guarded) and the guard's
+code run anew where a frame failed. So, once ``torch._dynamo`` is imported, Dynamo skips
+the wrapper's frames (``skip_code``: the frame only, not what it calls), the guard's work
+runs with the callback unset, and the original runs with it set again: compiled as it is
+unguarded.
+"""
+
+from __future__ import annotations
+
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import CodeType, ModuleType
+    from typing import Any
+
+
+class _Dynamo:
+    """Dynamo's frame callback, reached once ``torch._dynamo`` is imported."""
+
+    def __init__(self) -> None:
+        self.skipped: list[CodeType] = []  # code Dynamo must never compile a frame of
+        self.skip_code: Callable[[CodeType], None] | None = None
+        # Sets the callback, returns the one it replaces (None outside a torch.compile
+        # region): read by setting in every guarded call, as torch 2.6's getter returns a
+        # reference it does not own (a crash once the caller drops it).
+        self.set_eval_frame: Callable[[Any], Any] | None = None
+
+
+DYNAMO = _Dynamo()
+
+
+def skip(code: CodeType) -> None:
+    """Dynamo never compiles a frame of ``code`` (the frames it calls are their own)."""
+    DYNAMO.skipped.append(code)
+    if DYNAMO.skip_code is not None:
+        DYNAMO.skip_code(code)
+
+
+def skipped(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``skip`` as a decorator."""
+    skip(function.__code__)
+    return function
+
+
+def skipped_methods(cls: type) -> type:
+    """``skipped`` for every function and property of ``cls``'s own namespace."""
+    for value in vars(cls).values():
+        for function in (value.fget, value.fset) if isinstance(value, property) else (value,):
+            if hasattr(function, "__code__"):
+                skipped(function)  # type: ignore[arg-type]
+    return cls
+
+
+def dynamo_imported(dynamo: ModuleType) -> None:
+    """The post-import hook of ``torch._dynamo``: no guard frame is compiled from now on."""
+    if DYNAMO.skip_code is not None:
+        return
+    eval_frame = sys.modules["torch"]._C._dynamo.eval_frame
+    skip_code = dynamo.eval_frame.skip_code
+    for code in DYNAMO.skipped:
+        skip_code(code)
+    DYNAMO.skip_code, DYNAMO.set_eval_frame = skip_code, eval_frame.set_eval_frame
+
+
+@skipped
+def unset() -> Any:
+    """Unset Dynamo's callback; returns what to ``restore``."""
+    set_eval_frame = DYNAMO.set_eval_frame
+    return None if set_eval_frame is None else set_eval_frame(None)
+
+
+@skipped
+def restore(callback: Any) -> None:
+    if DYNAMO.set_eval_frame is not None:
+        DYNAMO.set_eval_frame(callback)
+
+
+@skipped
+def outside(
+    wrapper: Callable[..., Any],
+    callback: Any,
+    wrapped: Callable[..., Any],
+    instance: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """Run ``wrapper`` with Dynamo's ``callback`` unset (the caller has unset it), and
+    ``wrapped`` with it set; it is set again on the way out."""
+    set_eval_frame: Any = DYNAMO.set_eval_frame
+    try:
+        return wrapper(_compiled_again(wrapped, callback), instance, args, kwargs)
+    finally:
+        set_eval_frame(callback)
+
+
+def _compiled_again(wrapped: Callable[..., Any], callback: Any) -> Callable[..., Any]:
+    set_eval_frame: Any = DYNAMO.set_eval_frame
+
+    def original(*args: Any, **kwargs: Any) -> Any:
+        set_eval_frame(callback)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            set_eval_frame(None)
+
+    original.__wrapped__ = wrapped  # type: ignore[attr-defined]  # its signature, kind
+    return original

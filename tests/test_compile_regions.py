@@ -1,0 +1,155 @@
+"""A guarded call that a torch.compile region runs eagerly (``torch.compile(model)`` reaching
+``forward`` through ``nn.Module.__call__``, which Dynamo skips; a generator stage; a frame
+Dynamo gave up on) has none of the guard's frames compiled: the guard runs beside the
+graph and the original compiles as it does unguarded. Static and class methods are guarded
+inside compiled code as functions and methods are."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autograd_guard
+from autograd_guard.testing import capture_events
+
+STAGES = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.lin(x).tanh()
+
+class Stage:
+    scale = 2.0
+
+    @staticmethod
+    def solve(x, w):
+        return (x * w).sum()
+
+    @classmethod
+    def score(cls, x, w):
+        return (x * w * cls.scale).sum()
+
+def halves(x):
+    yield x * 0.5
+    yield x * 0.25
+"""
+
+RULES = [
+    {"target": "region_stages:Net.forward", "action": "enable_grad"},
+    {"target": "region_stages:Stage.solve", "action": "enable_grad"},
+    {"target": "region_stages:Stage.score", "action": "enable_grad"},
+    {"target": "region_stages:halves", "action": "enable_grad"},
+]
+
+
+@pytest.fixture
+def stages(make_module):
+    make_module("region_stages", STAGES)
+    torch._dynamo.reset()
+    autograd_guard.install({"rules": RULES})
+    import region_stages
+
+    assert hasattr(region_stages.Net.forward, "_self_wrapper")
+    assert hasattr(region_stages.Stage.__dict__["solve"].__func__, "_self_wrapper")
+    assert hasattr(region_stages.Stage.__dict__["score"].__func__, "_self_wrapper")
+    yield region_stages
+    torch._dynamo.reset()
+
+
+class GraphCount:
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, graph, inputs):
+        self.graphs += 1
+        return graph.forward
+
+
+def frames_compiled() -> int:
+    return int(torch._dynamo.utils.counters["frames"]["total"])
+
+
+def test_a_model_compiled_with_fullgraph_whose_forward_is_guarded(stages):
+    net, backend = stages.Net(), GraphCount()
+    compiled = torch.compile(net, fullgraph=True, backend=backend)
+    x = torch.randn(3, 4)
+    with capture_events() as events:
+        with_grad = compiled(x)
+        with torch.no_grad():
+            without_grad = compiled(x)
+    assert backend.graphs == 1  # forward, compiled as unguarded
+    assert with_grad.requires_grad and without_grad.requires_grad
+    torch.testing.assert_close(with_grad, net(x), rtol=0, atol=0)
+    assert [e["action"] for e in events] == ["enable_grad"]
+
+
+def test_a_model_compiled_with_a_guarded_forward_and_grad_on_says_nothing(stages):
+    net = stages.Net()
+    with capture_events() as events:
+        out = torch.compile(net, fullgraph=True, backend="eager")(torch.randn(3, 4))
+    out.sum().backward()
+    assert net.lin.weight.grad is not None
+    assert events == []
+
+
+def test_a_generator_stage_in_compiled_code_compiles_no_guard_frame(stages):
+    x = torch.randn(3, requires_grad=True)
+
+    def total(x):
+        return list(stages.halves(x))
+
+    before = frames_compiled()
+    with capture_events() as events, torch.no_grad():
+        parts = torch.compile(total, backend="eager")(x)
+    assert all(p.requires_grad for p in parts)
+    assert [e["action"] for e in events] == ["enable_grad"]
+    # before the guard's frames were skipped, ~300 frames of its own were compiled here
+    assert frames_compiled() - before <= 6
+
+
+@pytest.mark.parametrize("name", ["solve", "score"])
+def test_static_and_class_methods_are_guarded_in_compiled_code(stages, name):
+    w = torch.ones(3, requires_grad=True)
+
+    def step(x):
+        return getattr(stages.Stage, name)(x, w)
+
+    compiled = torch.compile(step, backend="eager")
+    with capture_events() as events, torch.no_grad():
+        results = [compiled(torch.arange(3.0) + i) for i in range(4)]
+        compiled_after = frames_compiled()
+        compiled(torch.arange(3.0))
+    assert all(r.requires_grad for r in results)
+    assert [e["action"] for e in events] == ["enable_grad"]
+    assert frames_compiled() == compiled_after  # no recompile on a later call
+
+
+@pytest.mark.parametrize("name", ["solve", "score"])
+def test_static_and_class_methods_keep_their_descriptor_kind(stages, name):
+    original = {"solve": staticmethod, "score": classmethod}[name]
+    assert type(stages.Stage.__dict__[name]) is original
+    instance = stages.Stage()
+    x, w = torch.arange(3.0), torch.ones(3)
+    assert getattr(instance, name)(x, w) == getattr(stages.Stage, name)(x, w)
+    autograd_guard.uninstall()
+    assert not hasattr(stages.Stage.__dict__[name].__func__, "_self_wrapper")
+
+
+def test_uninstall_takes_the_remedy_out_of_compiled_code(stages):
+    w, solve = torch.ones(3, requires_grad=True), stages.Stage.solve  # kept: no recompile
+
+    def step(x):
+        return solve(x, w)
+
+    compiled = torch.compile(step, backend="eager", fullgraph=True)  # the traced remedy
+    with torch.no_grad():
+        assert compiled(torch.arange(3.0)).requires_grad
+        autograd_guard.uninstall()
+        with capture_events() as events:
+            assert not compiled(torch.arange(3.0)).requires_grad  # recompiled, unguarded
+    assert events == []
