@@ -70,6 +70,14 @@ class GuardedBoundFunction(_CopiedAsItself, wrapt.BoundFunctionWrapper):  # type
         self._torchdynamo_orig_callable  # noqa: B018 - raises AttributeError where none
         return id(self)
 
+    @property
+    def __func__(self) -> Any:
+        # As a bound method's: the class's attribute, the guarded function (torch.jit.script
+        # reads its _torchscript_modifier there), not the original past it.
+        if self._self_binding == "function":
+            return self._self_parent
+        return self.__wrapped__.__func__
+
     def __reduce_ex__(self, protocol: Any) -> Any:
         instance = self._self_instance
         if instance is None or self._self_binding == "staticmethod":

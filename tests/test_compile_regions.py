@@ -153,3 +153,13 @@ def test_uninstall_takes_the_remedy_out_of_compiled_code(stages):
         with capture_events() as events:
             assert not compiled(torch.arange(3.0)).requires_grad  # recompiled, unguarded
     assert events == []
+
+
+def test_scripting_a_module_whose_forward_is_guarded_says_it_is_unguarded(stages):
+    net = stages.Net()
+    assert net.forward.__func__ is stages.Net.__dict__["forward"]  # as a bound method's
+    with capture_events() as events:
+        scripted = torch.jit.script(net)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(scripted(x), net(x), rtol=0, atol=0)
+    assert [e["action"] for e in events] == ["scripted_unguarded"]
