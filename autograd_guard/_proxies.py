@@ -76,7 +76,7 @@ class GuardedBoundFunction(_CopiedAsItself, wrapt.BoundFunctionWrapper):  # type
         # reads its _torchscript_modifier there), not the original past it.
         if self._self_binding == "function":
             return self._self_parent
-        return self.__wrapped__.__func__
+        return getattr(self.__wrapped__, "__func__")  # noqa: B009
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         instance = self._self_instance
