@@ -49,8 +49,11 @@ class DiskCache:
 
     @classmethod
     def shared(cls) -> DiskCache:
-        if cls._shared is None:
-            cls._shared = cls(_environment.cache_folder())
+        """The cache of the folder the environment names now (``XDG_CACHE_HOME`` and
+        ``HOME`` may change while the program runs, as each test's do)."""
+        folder = _environment.cache_folder()
+        if cls._shared is None or cls._shared.folder != folder:
+            cls._shared = cls(folder)
         return cls._shared
 
     def get(self, path: str, raw: bytes) -> dict[str, Any] | None:

@@ -243,3 +243,13 @@ def test_a_byte_order_mark_is_accepted(tmp_path):
     (tmp_path / "autograd_guard.toml").unlink()
     (tmp_path / "pyproject.toml").write_bytes(b'\xef\xbb\xbf[tool.autograd_guard]\nmode = "off"\n')
     assert load(cwd=tmp_path).mode == "off"
+
+
+def test_the_shared_cache_follows_the_cache_folder_the_environment_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "first"))
+    first = DiskCache.shared()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "second"))
+    second = DiskCache.shared()
+    assert first.folder is not None and first.folder.startswith(str(tmp_path / "first"))
+    assert second.folder is not None and second.folder.startswith(str(tmp_path / "second"))
+    assert DiskCache.shared() is second
