@@ -55,9 +55,17 @@ def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
             _events.at_exit(report_unattached_rules)
 
 
+# What inductor's VecISA probe runs with ``python -c`` (torch 2.1 to at least 2.15).
+_INDUCTOR_PROBE = "from ctypes import cdll\ncdll.LoadLibrary("
+
+
 def _a_library_process() -> bool:
     """A process a library started to run its own code (inductor's compile workers run
-    ``python -m torch._inductor...`` or a script inside torch): not the user's program."""
+    ``python -m torch._inductor...`` or a script inside torch; its CPU probe runs
+    ``python -c`` on a snippet that loads a compiled library): not the user's program."""
+    command = getattr(sys, "orig_argv", [])
+    if "-c" in command[:-1] and _INDUCTOR_PROBE in command[-1]:
+        return True
     main = sys.modules.get("__main__")
     spec_name = getattr(getattr(main, "__spec__", None), "name", None) or ""
     if spec_name.split(".")[0] == "torch":

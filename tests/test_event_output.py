@@ -88,3 +88,17 @@ def test_rules_that_never_attached_are_named_once_at_exit(tmp_path):
     # A process that never imports torch runs no pipeline: nothing to say.
     plain = run_python(sys.executable, PROGRAM.format(torch=""), tmp_path, PYTHONPATH=path)
     assert plain.stderr == ""
+
+
+def test_inductors_cpu_probe_process_names_no_unattached_rule(tmp_path):
+    # inductor runs `python -c` on this snippet (with the program's environment) to probe
+    # the CPU: a process of torch's, which never imports the program's stages.
+    (tmp_path / "autograd_guard.toml").write_text(
+        '[[rules]]\ntarget = "fitlib.train:fit"\naction = "enable_grad"\n'
+    )
+    probe = 'import sys\nimport torch\nfrom ctypes import cdll\ncdll.LoadLibrary("libc.so.6")\n'
+    environ = {"PYTHONPATH": str(ROOT), "AUTOGRAD_GUARD": "1"}
+    assert run_python(sys.executable, probe, tmp_path, **environ).stderr == ""
+    # the same rule in a program of the user's own is named
+    program = run_python(sys.executable, "import torch\n", tmp_path, **environ)
+    assert "unattached_rules" in program.stderr

@@ -13,6 +13,8 @@ TWIN = {
         action = "enable_grad"
     """,
     "files": {
+        # its own config: the nodeids and options do not depend on where the case runs
+        "pytest.ini": "[pytest]\n",
         "stages.py": """
             import torch
 
@@ -51,6 +53,7 @@ def main():
     outcomes = Outcomes()
     with contextlib.redirect_stdout(io.StringIO()):  # its report holds durations
         code = pytest.main(
-            ["-q", "-p", "no:cacheprovider", "-W", "error", "test_stages.py"], plugins=[outcomes]
+            ["-q", "-p", "no:cacheprovider", "-W", "error", "test_stages.py"],
+            plugins=[outcomes],
         )
     print("exit code", int(code), outcomes.results)
