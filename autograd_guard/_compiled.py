@@ -51,18 +51,13 @@ def make_inline(guard: Guard, target: Target, original: Callable[..., Any]) -> C
     return inline
 
 
-def bind_proxy(inline: Callable[..., Any], proxy: Any) -> Callable[..., Any]:
-    """The proxy that ``inline`` stands for (it runs eagerly at a graph break); returns
-    what ``torch.compile(proxy)`` compiles instead of the proxy (Dynamo unwraps
-    ``_torchdynamo_orig_callable``): a function that calls the proxy, so that the guard
-    goes into the graph as it does for a call from compiled code. Compiled directly, the
-    proxy would have the guard's own frames traced."""
+def bind_proxy(inline: Callable[..., Any], proxy: Any) -> None:
+    """The proxy that ``inline`` stands for: it runs eagerly at a graph break.
+
+    ``torch.compile(proxy)`` itself needs nothing here: Dynamo calls the proxy, whose
+    wrapper frame it skips (see ``_dynamo_frames``), and compiles the original as the
+    guard calls it, as it would compile the original unguarded."""
     inline.__globals__["compiled"].proxy = proxy
-    return traceable(_enter_compiled, proxy=proxy)
-
-
-def _enter_compiled(*args: Any, **kwargs: Any) -> Any:
-    return compiled.proxy(*args, **kwargs)  # type: ignore[name-defined]  # noqa: F821
 
 
 def _run_compiled(*args: Any, **kwargs: Any) -> Any:
@@ -195,8 +190,21 @@ def remedy_report(guard: Guard, target: Target, action: str, what: str) -> Calla
     return _marked_constant(report)
 
 
-def scripted(guard: Guard, target: Target) -> None:
-    """``torch.jit.script`` compiles the original's source, without the guard."""
+def scripted_report(guard: Guard, target: Target) -> Callable[[], None]:
+    """What to call when ``torch.jit.script`` reads the guarded function's modifier: it
+    compiles the original's source, without the guard. Said once (script reads the
+    modifier several times per compile)."""
+    said: list[bool] = []
+
+    def report() -> None:
+        if not said:
+            said.append(True)
+            _scripted(guard, target)
+
+    return report
+
+
+def _scripted(guard: Guard, target: Target) -> None:
     _cannot_run(
         guard,
         target,

@@ -77,9 +77,10 @@ def _replacement(original: object, wrapper: Wrapper) -> object:
             raise NotCallableTarget("a property without a getter")
         getter = _guarded_function(original.fget, wrapper)
         return property(getter, original.fset, original.fdel, original.__doc__)
-    if isinstance(original, (staticmethod, classmethod)) and callable(original.__func__):
-        return type(original)(_guarded_function(original.__func__, wrapper))
-    # A classmethod of a descriptor (Python < 3.13) is wrapped as itself.
+    if _plain_method_descriptor(original):
+        return type(original)(_guarded_function(original.__func__, wrapper))  # type: ignore[attr-defined, call-arg]
+    # A subclass (its own state, __set_name__) or a classmethod of a descriptor (Python
+    # < 3.13) is wrapped as itself.
     if not (callable(original) or isinstance(original, classmethod)) or isinstance(original, type):
         kind = type(original).__name__
         article = "an" if kind[:1] in "aeiou" else "a"
@@ -92,9 +93,15 @@ def _callable_part(obj: object) -> object:
     method's function, else ``obj`` itself."""
     if isinstance(obj, property):
         return obj.fget
-    if isinstance(obj, (staticmethod, classmethod)):
-        return obj.__func__
+    if _plain_method_descriptor(obj):
+        return obj.__func__  # type: ignore[attr-defined]
     return obj
+
+
+def _plain_method_descriptor(obj: object) -> bool:
+    """A ``staticmethod`` or ``classmethod`` itself (not a subclass, which may hold state
+    of its own) around a function."""
+    return type(obj) in (staticmethod, classmethod) and callable(obj.__func__)  # type: ignore[attr-defined]
 
 
 def _is_ours(obj: object, wrapper: Wrapper) -> bool:

@@ -56,20 +56,6 @@ class GuardedBoundFunction(_CopiedAsItself, wrapt.BoundFunctionWrapper):  # type
                 return inline if instance is None else _bound(inline, instance)
         return super().__getattribute__(name)
 
-    # torch.compile(obj.method): what it compiles instead (see _compiled.bind_proxy).
-    # Properties, as torch 2.15 reads them with object.__getattribute__.
-    @property
-    def _torchdynamo_orig_callable(self) -> Any:
-        entry, instance = self._self_parent._self_compile_entry, self._self_instance
-        if entry is None or instance is None or self._self_binding != "function":
-            raise AttributeError("_torchdynamo_orig_callable")
-        return _bound(entry, instance)
-
-    @property
-    def _torchdynamo_wrapper_id(self) -> int:
-        self._torchdynamo_orig_callable  # noqa: B018 - raises AttributeError where none
-        return id(self)
-
     @property
     def __func__(self) -> Any:
         # As a bound method's: the class's attribute, the guarded function (torch.jit.script
@@ -94,8 +80,6 @@ class GuardedFunction(_CopiedAsItself, wrapt.FunctionWrapper):  # type: ignore[m
     ``_torchdynamo_inline`` class attribute is what torch.compile traces in its place."""
 
     __bound_function_wrapper__ = GuardedBoundFunction
-
-    _self_compile_entry: Any = None
 
     def __getattribute__(self, name: str) -> Any:
         if name == "_torchdynamo_inline":
@@ -143,11 +127,7 @@ def guarded_function(original: Any, wrapper: Any) -> GuardedFunction:
     kind = type("GuardedFunction", (GuardedFunction,), namespace)
     proxy: GuardedFunction = kind(original, wrapper)
     if inline is not None:
-        # torch.compile(proxy) compiles this entry instead (see _compiled.bind_proxy);
-        # class attributes, as torch 2.15 reads them with object.__getattribute__.
-        entry = proxy._self_compile_entry = _compiled.bind_proxy(inline, proxy)
-        kind._torchdynamo_orig_callable = staticmethod(entry)  # type: ignore[attr-defined]
-        kind._torchdynamo_wrapper_id = id(proxy)  # type: ignore[attr-defined]
+        _compiled.bind_proxy(inline, proxy)
     return proxy
 
 

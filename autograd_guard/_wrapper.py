@@ -284,7 +284,7 @@ def _mark(wrapper: Any, guard: Guard, target: Target) -> None:
     torch.compile or TorchScript meets it (see _proxies and _compiled)."""
     wrapper._autograd_guard_owner = guard.name
     wrapper._autograd_guard_inline = lambda original: _compiled.make_inline(guard, target, original)
-    wrapper._autograd_guard_scripted = lambda: _compiled.scripted(guard, target)
+    wrapper._autograd_guard_scripted = _compiled.scripted_report(guard, target)
 
 
 # Every wrapper shares one of these code objects: find_callsite looks for them on the

@@ -163,3 +163,32 @@ def test_scripting_a_module_whose_forward_is_guarded_says_it_is_unguarded(stages
     x = torch.randn(3, 4)
     torch.testing.assert_close(scripted(x), net(x), rtol=0, atol=0)
     assert [e["action"] for e in events] == ["scripted_unguarded"]
+
+
+def test_a_subclass_of_classmethod_is_guarded_as_itself(make_module):
+    make_module(
+        "registered_stages",
+        """
+        import torch
+
+        class registered(classmethod):  # state of its own, set when the class is made
+            def __set_name__(self, owner, name):
+                self.owner = owner.__name__
+
+        class Model:
+            @registered
+            def build(cls, w):
+                return cls.__name__, (w * 2).sum()
+        """,
+    )
+    autograd_guard.install(
+        {"rules": [{"target": "registered_stages:Model.build", "action": "enable_grad"}]}
+    )
+    import registered_stages
+
+    descriptor = registered_stages.Model.__dict__["build"]
+    assert descriptor.owner == "Model"  # the user's object, wrapped as itself
+    with capture_events() as events, torch.no_grad():
+        name, total = registered_stages.Model.build(torch.ones(2, requires_grad=True))
+    assert name == "Model" and total.requires_grad
+    assert [e["action"] for e in events] == ["enable_grad"]
