@@ -213,8 +213,7 @@ def uninstall() -> None:
             sys.stderr.write(
                 f"autograd-guard: {place} was re-patched by someone else; left as it is\n"
             )
-        STATE.guards.clear()
-        STATE.policy = None
+        STATE.forget_install()
 
 
 def install_from_environment(environ: Mapping[str, str] | None = None) -> None:
