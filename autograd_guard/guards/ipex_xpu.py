@@ -20,8 +20,8 @@ import _thread
 import sys
 
 from autograd_guard import _compiled
+from autograd_guard._call import iter_tensors, map_tensors
 from autograd_guard._guard import Call, Guard, Option, Target
-from autograd_guard._wrapper import iter_tensors, map_tensors
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
