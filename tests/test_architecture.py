@@ -1,13 +1,18 @@
 """The package's shape, read from its source with ``ast``: no import cycles between its
 modules (imports inside functions count; those under ``if TYPE_CHECKING:`` never run and
-do not), and a docstring on every module."""
+do not), a docstring on every module, every module at most 300 lines and every function
+at most 50."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "autograd_guard"
+MAX_MODULE_LINES = 300
+MAX_FUNCTION_LINES = 50
 
 
 def module_name(path: Path) -> str:
@@ -94,6 +99,24 @@ def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     # _engine imports the guards inside install(): a function-level import is an edge.
     assert "autograd_guard.guards" in imported_modules("autograd_guard._engine")
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_are_short(name):
+    lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{name}: {lines} lines"
+
+
+def test_functions_are_short():
+    long = []
+    for name in MODULES:
+        for node in ast.walk(parse(name)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                lines = (node.end_lineno or node.lineno) - first + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{name}.{node.name}: {lines} lines")
+    assert not long
 
 
 def test_every_module_says_its_concern():
