@@ -1,7 +1,7 @@
 """The package's shape, read from its source with ``ast``: no import cycles between its
 modules (imports inside functions count; those under ``if TYPE_CHECKING:`` never run and
 do not), a docstring on every module, every module at most 300 lines and every function
-at most 50."""
+at most 50, and one ``TYPE_CHECKING`` idiom."""
 
 from __future__ import annotations
 
@@ -117,6 +117,19 @@ def test_functions_are_short():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{name}.{node.name}: {lines} lines")
     assert not long
+
+
+def test_type_checking_is_the_cheap_constant():
+    """``TYPE_CHECKING = False`` then ``if TYPE_CHECKING:``, never imported from typing."""
+    found = [
+        name
+        for name in MODULES
+        for node in ast.walk(parse(name))
+        if isinstance(node, ast.ImportFrom)
+        and node.module == "typing"
+        and any(alias.name == "TYPE_CHECKING" for alias in node.names)
+    ]
+    assert found == []
 
 
 def test_every_module_says_its_concern():
