@@ -23,6 +23,7 @@ import os
 import sys
 
 from autograd_guard import _environment
+from autograd_guard._state import STATE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,8 +35,6 @@ MAX_ENTRIES = 32  # per kind: parsed tables, plans
 
 class DiskCache:
     """The cache files of this environment (``sys.prefix``): ``tables`` and ``plans``."""
-
-    _shared: DiskCache | None = None
 
     def __init__(self, folder: str | None) -> None:
         self.folder = folder
@@ -52,9 +51,10 @@ class DiskCache:
         """The cache of the folder the environment names now (``XDG_CACHE_HOME`` and
         ``HOME`` may change while the program runs, as each test's do)."""
         folder = _environment.cache_folder()
-        if cls._shared is None or cls._shared.folder != folder:
-            cls._shared = cls(folder)
-        return cls._shared
+        shared: DiskCache | None = STATE.disk_cache
+        if shared is None or shared.folder != folder:
+            shared = STATE.disk_cache = cls(folder)
+        return shared
 
     def get(self, path: str, raw: bytes) -> dict[str, Any] | None:
         """The data stored for ``path`` (a file, or a ``<name>`` of our own) if ``raw``

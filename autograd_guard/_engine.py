@@ -16,6 +16,7 @@ from autograd_guard import (
 )
 from autograd_guard._guard import describe_error
 from autograd_guard._state import STATE
+from autograd_guard._unattached import report_unattached_rules
 from autograd_guard.errors import GuardError, PolicyError
 
 TYPE_CHECKING = False
@@ -53,62 +54,6 @@ def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
         _importer.when_imported("torch._dynamo", _keep_guard_frames_uncompiled)
         if any(not rule.origin.startswith("preset ") for rule in loaded.rules):
             _events.at_exit(report_unattached_rules)
-
-
-# What inductor's VecISA probe runs with ``python -c`` (torch 2.1 to at least 2.15).
-_INDUCTOR_PROBE = "from ctypes import cdll\ncdll.LoadLibrary("
-
-
-def _a_library_process() -> bool:
-    """A process a library started to run its own code (inductor's compile workers run
-    ``python -m torch._inductor...`` or a script inside torch; its CPU probe runs
-    ``python -c`` on a snippet that loads a compiled library): not the user's program."""
-    command = getattr(sys, "orig_argv", [])
-    if "-c" in command[:-1] and _INDUCTOR_PROBE in command[-1]:
-        return True
-    main = sys.modules.get("__main__")
-    spec_name = getattr(getattr(main, "__spec__", None), "name", None) or ""
-    if spec_name.split(".")[0] == "torch":
-        return True
-    torch_dir = os.path.dirname(getattr(sys.modules.get("torch"), "__file__", None) or "")
-    main_file = os.path.abspath(getattr(main, "__file__", None) or "")
-    return bool(torch_dir) and main_file.startswith(torch_dir + os.sep)
-
-
-def report_unattached_rules() -> None:
-    """At exit, once: the policy's own rules whose module this process never imported, so
-    that a typo in a module path (``fitlib.trian``) is named, not silently unguarded. A
-    finding, not an intervention. Only in a process that imported torch and is not a
-    ``multiprocessing`` worker (workers run only part of the program); rules of a shipped
-    preset are left out (Unique3D's stages are absent from most programs)."""
-    policy = STATE.policy
-    multiprocessing = sys.modules.get("multiprocessing")
-    if policy is None or "torch" not in sys.modules:
-        return
-    if multiprocessing is not None and multiprocessing.parent_process() is not None:
-        return
-    if _a_library_process():
-        return
-    actions = {g.rule_action for g in STATE.guards if g.rule_action and g.mode != "off"}
-    unattached = [
-        rule
-        for rule in policy.rules
-        if rule.action in actions
-        and not rule.origin.startswith("preset ")
-        and rule.module not in sys.modules
-    ]
-    if not unattached:
-        return
-    _events.emit(
-        "rules never attached (their module was never imported): "
-        + ", ".join(f"{rule.target} ({rule.origin}: {rule.key})" for rule in unattached),
-        guard="autograd_guard",
-        action="unattached_rules",
-        callsite=policy.source,
-        rules=[rule.target for rule in unattached],
-        remedy="check each rule's module path ('autograd-guard check' resolves it); "
-        "a stage this program never runs needs no rule",
-    )
 
 
 def _keep_guard_frames_uncompiled(dynamo: ModuleType) -> None:
@@ -213,8 +158,7 @@ def uninstall() -> None:
             sys.stderr.write(
                 f"autograd-guard: {place} was re-patched by someone else; left as it is\n"
             )
-        STATE.guards.clear()
-        STATE.policy = None
+        STATE.forget_install()
 
 
 def install_from_environment(environ: Mapping[str, str] | None = None) -> None:

@@ -19,27 +19,6 @@ if TYPE_CHECKING:
 
     Listener = Callable[[dict[str, Any]], None]
 
-# Events that report no intervention: setup notes, the guard's own errors, the summary.
-NOT_INTERVENTIONS = frozenset(
-    {
-        "guard_error",
-        "load_error",
-        "bad_target",
-        "late_patch",
-        "disabled",
-        "over_byte_limit",
-        "copy_back",
-        "failure_note",
-        "compiled_unguarded",
-        "scripted_unguarded",
-        "not_converted",
-        "summary",
-    }
-)
-
-# Events that report a finding: a diagnosis of the user's code; nothing was changed.
-FINDINGS = frozenset({"lost_gradient", "nonfinite_origin", "training_stalled", "unattached_rules"})
-
 
 def configure(destination: str | None, source: str = "AUTOGRAD_GUARD_LOG") -> None:
     """Send events to ``stderr``, ``logging`` or a file path (JSON lines); ``source`` says
@@ -184,7 +163,9 @@ def _summary_at_exit() -> None:
     rows = summary()
     if not rows:
         return
-    try:  # noqa: SIM105 - contextlib costs start-up time
+    try:
+        from autograd_guard._actions import describe_counts  # what each action means
+
         _logger().info(
             event=f"summary: {describe_counts(rows)}",
             guard="autograd_guard",
@@ -196,23 +177,3 @@ def _summary_at_exit() -> None:
         )
     except Exception:
         pass
-
-
-def describe_counts(rows: list[dict[str, Any]]) -> str:
-    """ "3 interventions at 2 call sites; 1 finding; 1 other event" (findings, errors and
-    notes apart)."""
-    done = [r for r in rows if r["action"] not in NOT_INTERVENTIONS | FINDINGS]
-    found = sum(r["count"] for r in rows if r["action"] in FINDINGS)
-    other = sum(r["count"] for r in rows if r["action"] in NOT_INTERVENTIONS)
-    text = (
-        f"{plural(sum(r['count'] for r in done), 'intervention')} at "
-        f"{plural(len({(r['guard'], r['callsite']) for r in done}), 'call site')}"
-    )
-    text += f"; {plural(found, 'finding')}" if found else ""
-    return text + (f"; {plural(other, 'other event')} (notes and errors)" if other else "")
-
-
-def plural(count: int, noun: str) -> str:
-    if count == 1:
-        return f"{count} {noun}"
-    return f"{count} {noun}es" if noun.endswith("s") else f"{count} {noun}s"

@@ -14,8 +14,9 @@ A guard is a class that reads as the bug report it answers::
 
 ``handle`` runs the library through ``call.proceed()`` and asks ``self.intervene()``
 before changing anything: that logs the event, raises in ``strict`` and returns
-whether to apply the fix. Any error of the guard's own falls back to the library's
-own behaviour; the library's and the user's exceptions pass through unchanged.
+whether to apply the fix (the reporting methods are in ``_interventions``). Any error of
+the guard's own falls back to the library's own behaviour; the library's and the user's
+exceptions pass through unchanged.
 
 A guard overrides only the hooks: ``risky``, ``check_for``, ``handle`` (or ``before``) and
 the private ``_targets``, ``_needed``, ``_traced``, ``_on_instrument``. The engine calls the public
@@ -31,55 +32,26 @@ from __future__ import annotations
 
 import _thread
 
-from autograd_guard import _events, _patching, _versions
+from autograd_guard import _patching, _versions
+from autograd_guard._call import Call, Target
+from autograd_guard._interventions import Interventions
 from autograd_guard._options import Option
-from autograd_guard._wrapper import Call, describe_error, make_wrapper
+from autograd_guard._wrapper import describe_error, make_wrapper
 from autograd_guard.errors import GuardError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from types import ModuleType
-    from typing import Any, ClassVar, NoReturn
+    from typing import Any, ClassVar
 
-    from autograd_guard._policy import Policy
+    from autograd_guard._call import Check
+    from autograd_guard._policy_data import Policy
 
 __all__ = ["Call", "Guard", "GuardError", "Option", "Target", "describe_error"]
 
 
-class Target:
-    """A callable to wrap: ``module`` defines ``qualname``; ``aliases`` re-export it.
-
-    With ``after``, nothing happens until that module is imported too (a guard for a
-    library that changes another library's behaviour, such as IPEX and torch).
-    """
-
-    __slots__ = ("after", "aliases", "module", "qualname", "rule", "skip")
-
-    def __init__(
-        self,
-        module: str,
-        qualname: str,
-        aliases: Iterable[str] = (),
-        after: str | None = None,
-        skip: Iterable[str] = (),
-        rule: str | None = None,
-    ) -> None:
-        self.module = module
-        self.qualname = qualname
-        self.aliases = tuple(aliases)
-        self.after = after
-        self.skip = tuple(skip)  # more packages whose frames are not the call site
-        self.rule = rule  # "policy.toml: rules[2]" for a target that a policy rule names
-
-    def __str__(self) -> str:
-        return f"{self.module}:{self.qualname}"
-
-    def __repr__(self) -> str:
-        return f"Target({str(self)!r})"
-
-
-class Guard:
+class Guard(Interventions):
     """Base class of every guard. Subclasses declare the class attributes and ``handle``."""
 
     name: ClassVar[str] = ""
@@ -138,7 +110,7 @@ class Guard:
         """A cheap test run on every call; False lets the call through untouched."""
         return True
 
-    def check_for(self, target: Target) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], bool]:
+    def check_for(self, target: Target) -> Check:
         """The ``risky`` test for ``target`` (a guard with several targets may differ)."""
         return self.risky
 
@@ -151,60 +123,6 @@ class Guard:
         runs before it, returns what to run after it. The call itself then runs in the
         wrapper's frame (a recursive target costs one frame per level)."""
         return None
-
-    # -- what guards call ------------------------------------------------------------
-
-    def intervene(self, call: Call, action: str, event: str, **fields: Any) -> bool:
-        """Report an intervention; raise in strict mode; True means: apply the fix."""
-        callsite = call.callsite
-        if self.mode == "strict":
-            self.refuse(event, action=action, callsite=callsite, target=str(call.target), **fields)
-        self.emit(event, action=action, callsite=callsite, target=str(call.target), **fields)
-        return self.mode == "fix"
-
-    def refuse(self, event: str, *, action: str, callsite: str, **fields: Any) -> NoReturn:
-        """Strict mode: log ``event`` as an error and raise it, naming the remedy."""
-        self.emit(event, action=action, callsite=callsite, level="error", **fields)
-        raise GuardError(
-            f"autograd-guard [{self.name}] at {callsite}: {event}. Remedy: {self.remedy}"
-        )
-
-    def emit(
-        self,
-        event: str,
-        *,
-        action: str,
-        callsite: str,
-        level: str = "warning",
-        remedy: str | None = None,
-        **fields: Any,
-    ) -> bool:
-        return _events.emit(
-            event,
-            guard=self.name,
-            action=action,
-            callsite=callsite,
-            level=level,
-            mode=self.mode,
-            version=self.version,
-            remedy=remedy or self.remedy,
-            **fields,
-        )
-
-    def fail(self, stage: str, exc: BaseException) -> None:
-        """The guard's own code broke: report it once; raise only in strict mode."""
-        self.emit(
-            f"guard error in {stage}; the library's own behaviour was kept",
-            action="guard_error",
-            callsite=f"{stage}:{type(exc).__name__}",
-            level="error",
-            error=describe_error(exc),
-            remedy="a bug in the guard: please report it with this event",
-        )
-        if self.mode == "strict":
-            raise GuardError(
-                f"autograd-guard [{self.name}] failed in {stage}: {describe_error(exc)}"
-            ) from exc
 
     # -- what the engine calls -------------------------------------------------------
 
@@ -321,5 +239,15 @@ class Guard:
         with self._lock:
             wrapper = self._wrappers.get(key)
             if wrapper is None:
-                wrapper = self._wrappers[key] = make_wrapper(self, target)
+                wrapper = self._wrappers[key] = make_wrapper(
+                    self, target, *self._wrapper_checks(target)
+                )
         return wrapper
+
+    def _wrapper_checks(self, target: Target) -> tuple[bool, Check | None]:
+        """Whether the guard checks around each call (it overrides ``before``), else its
+        ``risky`` test for ``target`` (None where it keeps the default: every call)."""
+        if type(self).before is not Guard.before:
+            return True, None
+        risky = self.check_for(target)
+        return False, None if getattr(risky, "__func__", None) is Guard.risky else risky

@@ -88,7 +88,7 @@ class _PostImportFinder:
             if spec is None:
                 continue
             if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                spec.loader = _PostImportLoader(spec.loader)  # type: ignore[assignment]
+                spec.loader = _PostImportLoader(spec.loader)
             return spec  # type: ignore[no-any-return]
         return None
 
@@ -114,6 +114,6 @@ class _PostImportLoader:
         module.__loader__ = self.loader  # type: ignore[assignment]
         spec = getattr(module, "__spec__", None)
         if spec is not None and spec.loader is self:
-            spec.loader = self.loader  # type: ignore[assignment]
+            spec.loader = self.loader
         self.loader.exec_module(module)  # type: ignore[attr-defined]
         _fire(module)

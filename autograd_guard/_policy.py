@@ -1,13 +1,13 @@
-"""The policy: what it says about each guard and its rules, and ``load()``, which finds,
-reads and validates it (``_policy_files`` and ``_policy_schema``). Plain data that never
-imports or runs code."""
+"""``load()``: find, read and validate the policy (``_policy_files`` and ``_policy_schema``)
+into the plain data of ``_policy_data``, re-exported here."""
 
 from __future__ import annotations
 
 import os
 
 from autograd_guard._environment import MODES
-from autograd_guard.errors import PolicyError, Problems
+from autograd_guard._policy_data import GuardSettings, Policy, Rule
+from autograd_guard.errors import Problems
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -17,88 +17,6 @@ if TYPE_CHECKING:
     from autograd_guard._guard import Guard
 
 __all__ = ["MODES", "GuardSettings", "Policy", "Rule", "load"]
-
-
-class GuardSettings:
-    """What the policy says about one guard."""
-
-    __slots__ = ("enabled", "force", "mode", "name", "options")
-
-    def __init__(self, name: str, options: dict[str, Any]) -> None:
-        self.name = name
-        self.enabled = True
-        self.mode: str | None = None
-        self.force = False
-        self.options = options
-
-
-class Rule:
-    """A user rule: ``action`` applies to the callable at ``target`` (``module:qualname``)."""
-
-    __slots__ = ("action", "key", "options", "origin", "target")
-
-    def __init__(
-        self,
-        target: str,
-        action: str,
-        options: dict[str, Any],
-        origin: str = "<dict>",
-        key: str = "rules",
-    ) -> None:
-        self.target = target
-        self.action = action
-        self.options = options
-        self.origin = origin  # the policy file (or preset) that holds the rule
-        self.key = key  # "rules[3]" in that file
-
-    @property
-    def module(self) -> str:
-        return self.target.partition(":")[0]
-
-    @property
-    def qualname(self) -> str:
-        return self.target.partition(":")[2]
-
-
-class Policy:
-    """A validated policy. ``env_mode`` and ``disabled`` come from the environment."""
-
-    def __init__(
-        self,
-        source: str,
-        mode: str,
-        log: str | None,
-        disabled: set[str],
-        guards: dict[str, GuardSettings],
-        rules: list[Rule],
-    ) -> None:
-        self.source = source
-        self.mode = mode
-        self.log = log
-        self.disabled = disabled
-        self.guards = guards
-        self.rules = rules
-        self.env_mode: str | None = None
-        self.log_source = "AUTOGRAD_GUARD_LOG"  # where ``log`` was set, for messages
-        self.files: list[str] = []  # the policy files read, ``extends`` included
-        # Setup mistakes that leave the policy usable (an unknown guard to disable).
-        self.warnings: list[PolicyError] = []
-
-    def mode_for(self, guard: str) -> str:
-        """The mode that applies to ``guard``: off, observe, fix or strict."""
-        settings = self.guards.get(guard)
-        if "*" in self.disabled or guard in self.disabled:
-            return "off"
-        if settings is not None and (not settings.enabled or settings.mode == "off"):
-            return "off"
-        if self.env_mode is not None:
-            return self.env_mode
-        if settings is not None and settings.mode is not None:
-            return settings.mode
-        return self.mode
-
-    def rules_for(self, action: str) -> list[Rule]:
-        return [r for r in self.rules if r.action == action]
 
 
 def load(
@@ -119,22 +37,22 @@ def load(
     environ = os.environ if environ is None else environ
     guard_list = list(guards)
     found_problems = Problems() if problems is None else problems
-    _policy_files.FILES_READ.clear()
+    files: list[str] = []  # what a start plan depends on (see _startup)
     if isinstance(source, dict):
-        policy = _policy_schema.build("<dict>", dict(source), guard_list, found_problems)
+        policy = _policy_schema.build("<dict>", dict(source), guard_list, found_problems, files)
     else:
         if source is None:
             found = _policy_files.discover(environ, cwd or os.getcwd())
         else:
             found = _policy_files.resolve_named(str(source), "policy", cwd)
         folder = os.path.dirname(found.path)
-        data = found.read()
+        data = found.read(files)
         policy = _policy_schema.build(
-            found.description, data, guard_list, found_problems, 0, folder
+            found.description, data, guard_list, found_problems, files, 0, folder
         )
     names = [g.name for g in guard_list]
     _policy_schema.apply_environment(policy, environ, names, found_problems)
     if problems is None:
         found_problems.raise_if_any()
-    policy.files = list(_policy_files.FILES_READ)
+    policy.files = files
     return policy

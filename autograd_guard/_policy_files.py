@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 POLICY_FILE = "autograd_guard.toml"
-FILES_READ: list[str] = []  # by the policy being loaded (load() clears it)
 MAX_POLICY_BYTES = 1 << 20
 
 
@@ -39,8 +38,9 @@ class Discovered:
     def __iter__(self) -> Iterator[Any]:  # unpacks like a tuple
         return iter((self.description, self.path, self.is_pyproject))
 
-    def read(self) -> dict[str, Any]:
-        return read_toml(self.description, self.path, self.is_pyproject)
+    def read(self, files: list[str] | None = None) -> dict[str, Any]:
+        """The policy table; the file's path is added to ``files``."""
+        return read_toml(self.description, self.path, self.is_pyproject, files)
 
 
 def presets_dir() -> str:
@@ -124,10 +124,14 @@ def _has_tool_table(pyproject: str) -> bool:
     )
 
 
-def read_toml(description: str, path: str, is_pyproject: bool = False) -> dict[str, Any]:
-    """The policy table in ``path``; parsed TOML is cached (see ``_cache``)."""
+def read_toml(
+    description: str, path: str, is_pyproject: bool = False, files: list[str] | None = None
+) -> dict[str, Any]:
+    """The policy table in ``path``, which is added to ``files`` once read; parsed TOML is
+    cached (see ``_cache``)."""
     raw = _read_policy_bytes(description, path)
-    FILES_READ.append(path)  # what a start plan depends on (see _startup)
+    if files is not None:
+        files.append(path)
     cache = DiskCache.shared()
     data = cache.get(path, raw)
     if data is None:

@@ -10,7 +10,7 @@ import os
 from autograd_guard import _environment, _policy_files
 from autograd_guard._environment import LOG_KEYWORDS, MODES
 from autograd_guard._options import MAX_LIST, MAX_STRING, Option, short
-from autograd_guard._policy import GuardSettings, Policy, Rule
+from autograd_guard._policy_data import GuardSettings, Policy, Rule
 from autograd_guard.errors import PolicyError, Problems, closest
 
 TYPE_CHECKING = False
@@ -39,6 +39,7 @@ def build(
     data: dict[str, Any],
     guards: list[type[Guard]],
     problems: Problems,
+    files: list[str],
     depth: int = 0,
     folder: str | None = None,
 ) -> Policy:
@@ -48,7 +49,7 @@ def build(
     base = None
     if "extends" in data:
         base = problems.attempt(
-            _load_base, source, data["extends"], guards, problems, depth, folder
+            _load_base, source, data["extends"], guards, problems, files, depth, folder
         )
     if base is None:
         base = Policy(source, "fix", None, set(), _default_settings(guards), [])
@@ -90,6 +91,7 @@ def _load_base(
     extends: Any,
     guards: list[type[Guard]],
     problems: Problems,
+    files: list[str],
     depth: int,
     folder: str | None,
 ) -> Policy:
@@ -103,12 +105,13 @@ def _load_base(
     except PolicyError as exc:  # said once, as this file's problem
         raise PolicyError(source, "extends", exc.problem, exc.allowed, exc.suggestion) from None
     try:
-        data = found.read()
+        data = found.read(files)
     except PolicyError as exc:
         raise PolicyError(
             source, "extends", f"cannot use {name!r}: {exc.problem}", exc.allowed
         ) from None
-    return build(found.description, data, guards, problems, depth + 1, os.path.dirname(found.path))
+    folder = os.path.dirname(found.path)
+    return build(found.description, data, guards, problems, files, depth + 1, folder)
 
 
 def _default_settings(guards: list[type[Guard]]) -> dict[str, GuardSettings]:

@@ -11,7 +11,7 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
-from autograd_guard import _events
+from autograd_guard import _actions
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def report_log(args: argparse.Namespace) -> int:
         {"guard": g, "action": a, "callsite": c, "count": n, "event": events.get((g, a, c), "")}
         for (g, a, c), n in kept
     ]
-    headline = _events.describe_counts(rows)
+    headline = _actions.describe_counts(rows)
     if args.json:
         for row in rows:
             row["kind"] = _kind(row["action"])
@@ -59,7 +59,7 @@ def report_log(args: argparse.Namespace) -> int:
         print(json.dumps({**report, "rows": rows}, indent=2))
         return 0
     print(
-        f"{headline} in {_events.plural(processes, 'process')}"
+        f"{headline} in {_actions.plural(processes, 'process')}"
         + (f"; {bad} unreadable lines" if bad else "")
     )
     cells = [[g, a, str(n), c, events.get((g, a, c), "")] for (g, a, c), n in kept]
@@ -81,9 +81,9 @@ def aligned(table: list[list[str]], right: tuple[int, ...] = (2,)) -> list[str]:
 
 
 def _kind(action: str) -> str:
-    if action in _events.FINDINGS:
+    if action in _actions.FINDINGS:
         return "finding"
-    return "other" if action in _events.NOT_INTERVENTIONS else "intervention"
+    return "other" if action in _actions.NOT_INTERVENTIONS else "intervention"
 
 
 def _timestamp(text: str) -> datetime:

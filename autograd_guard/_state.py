@@ -20,6 +20,7 @@ class State:
 
     def __init__(self) -> None:
         self.started = False  # the auto-load ran (bootstrap)
+        self.summary_registered = False  # atexit runs the summary (once per process)
         self.make_locks()
         self.reset()
 
@@ -31,26 +32,38 @@ class State:
         self.logger_lock = _thread.allocate_lock()  # building the logger (imports structlog)
 
     def reset(self) -> None:
-        """Forget the installed policy, guards, hooks, patches and events."""
-        # engine
-        self.policy: Any = None
-        self.guards: list[Any] = []
+        """Forget everything: the install, the events, the guards registered in code and
+        what was cached (for tests; patches must be undone first, see ``uninstall()``)."""
         self.error: str | None = None
-        # post-import hooks
-        self.hooks: dict[str, list[Any]] = {}
-        self.finder: Any = None
-        # patches: (owner, attribute, original, replacement), undone in reverse
-        self.applied: list[tuple[object, str, object, object]] = []
+        self.registered: list[Any] = []  # guard classes added by ``guards.register``
+        self.forget_install()
         # events
         self.counts: dict[tuple[str, str, str], int] = {}
         self.listeners: list[Any] = []
         self.destination = "stderr"
         self.destination_source = "default"
         self.logger: Any = None
-        self.summary_registered = False
         self.exit_checks: list[Any] = []  # run at exit, before the summary
         self.muted = False  # a command of the command line runs: events are counted, not shown
         self.process: tuple[int, str] | None = None
+
+    def forget_install(self) -> None:
+        """Forget the installed policy and guards, hooks, patches and caches (what
+        ``uninstall()`` leaves behind once it has undone the patches and hooks); events,
+        registered guards and the last policy error are kept."""
+        # engine
+        self.policy: Any = None
+        self.guards: list[Any] = []
+        # post-import hooks
+        self.hooks: dict[str, list[Any]] = {}
+        self.finder: Any = None
+        # patches: (owner, attribute, original, replacement), undone in reverse
+        self.applied: list[tuple[object, str, object, object]] = []
+        # caches: installed versions by distribution (_versions), the resumable kind of
+        # each target (guards.grad_mode), the cache files of the cache folder (_cache)
+        self.versions: dict[str, str | None] = {}
+        self.kinds: dict[Any, str] = {}
+        self.disk_cache: Any = None
 
     # -- fork ----------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-_cache: dict[str, str | None] = {}
+from autograd_guard._state import STATE
 
 # What the version matrix (noxfile.py) tests: the oldest and newest of each.
 SUPPORTED_PYTHON = ("3.10", "3.13")
@@ -11,14 +11,15 @@ SUPPORTED_TORCH = ("2.1", "2.15")
 
 def installed_version(distribution: str) -> str | None:
     """The installed version of ``distribution``, or None when it is not installed."""
-    if distribution not in _cache:
+    cache = STATE.versions
+    if distribution not in cache:
         from importlib import metadata
 
         try:
-            _cache[distribution] = metadata.version(distribution)
+            cache[distribution] = metadata.version(distribution)
         except metadata.PackageNotFoundError:
-            _cache[distribution] = None
-    return _cache[distribution]
+            cache[distribution] = None
+    return cache[distribution]
 
 
 def first_installed(distributions: str | tuple[str, ...]) -> tuple[str, str | None]:
@@ -53,7 +54,7 @@ def is_affected(version: str | None, specifier: str) -> bool:
 
 
 def clear_cache() -> None:
-    _cache.clear()
+    STATE.versions.clear()
 
 
 def support_note(python: str, torch: str | None) -> str:

@@ -1,5 +1,5 @@
-"""The fail-open wrapper the engine puts around each target, the call it hands a guard,
-and the helpers guards read arguments with.
+"""The fail-open wrapper the engine puts around each target (the ``Call`` it hands a
+guard is in ``_call``).
 
 The library runs outside every ``try`` of ours: its exceptions, and the user's, pass
 through as the same objects with the same context, and it runs once. Any error of the
@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from autograd_guard import _callsite, _compiled, _dynamo_frames
+from autograd_guard._call import Call
 from autograd_guard._callsite import find_callsite as find_callsite  # where guards find it
 from autograd_guard._dynamo_frames import DYNAMO, outside
 from autograd_guard._recursion import GIVE_BACK
@@ -18,121 +19,11 @@ from autograd_guard.errors import GuardError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
     from typing import Any
 
-    from autograd_guard._guard import Guard, Target
-
-
-def argument(
-    args: tuple[Any, ...], kwargs: dict[str, Any], name: str, position: int, default: Any = None
-) -> Any:
-    """An argument passed by keyword ``name`` or at ``position`` (the one way to read one,
-    as dd-trace's ``get_argument_value``)."""
-    if name in kwargs:
-        return kwargs[name]
-    if 0 <= position < len(args):
-        return args[position]
-    return default
-
-
-def iter_tensors(value: Any, tensor: type, depth: int = 3) -> Iterator[Any]:
-    """The tensors in ``value`` and in its lists, tuples and dicts, ``depth`` levels down."""
-    if isinstance(value, tensor):
-        yield value
-    elif depth > 0 and isinstance(value, (list, tuple)):
-        for item in value:
-            yield from iter_tensors(item, tensor, depth - 1)
-    elif depth > 0 and isinstance(value, dict):
-        for item in value.values():
-            yield from iter_tensors(item, tensor, depth - 1)
-
-
-def map_tensors(value: Any, tensor: type, change: Callable[[Any], Any], depth: int = 3) -> Any:
-    """A copy of ``value`` with ``change`` applied to each tensor, ``depth`` levels down;
-    containers without a tensor come back as the same objects."""
-    if isinstance(value, tensor):
-        return change(value)
-    if depth <= 0:
-        return value
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):  # not a namedtuple
-        return tuple(map_tensors(v, tensor, change, depth - 1) for v in value)
-    if isinstance(value, list):
-        return [map_tensors(v, tensor, change, depth - 1) for v in value]
-    if isinstance(value, dict):
-        return {k: map_tensors(v, tensor, change, depth - 1) for k, v in value.items()}
-    return value
-
-
-class Call:
-    """One risky call in progress: its arguments, the original, and what the original did."""
-
-    __slots__ = (
-        "_callsite",
-        "args",
-        "has_result",
-        "instance",
-        "kwargs",
-        "library_error",
-        "result",
-        "target",
-        "wrapped",
-    )
-
-    def __init__(
-        self,
-        target: Target,
-        wrapped: Callable[..., Any],
-        instance: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> None:
-        self.target = target
-        self.wrapped = wrapped
-        self.instance = instance
-        self.args = args
-        self.kwargs = kwargs
-        self.has_result = False
-        self.result: Any = None
-        self.library_error: BaseException | None = None
-        self._callsite: str | None = None
-
-    def proceed(
-        self, args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = None
-    ) -> Any:
-        """Run the original callable (with these arguments, if given)."""
-        try:
-            result = self.wrapped(
-                *(self.args if args is None else args),
-                **(self.kwargs if kwargs is None else kwargs),
-            )
-        except BaseException as exc:
-            self.library_error = exc
-            raise
-        self.has_result = True
-        self.result = result
-        return result
-
-    def replace(self, name: str, position: int, value: Any) -> None:
-        """Pass ``value`` for this argument to ``proceed()`` (the caller's objects are kept)."""
-        if name in self.kwargs or position >= len(self.args):
-            self.kwargs = {**self.kwargs, name: value}
-        else:
-            self.args = (*self.args[:position], value, *self.args[position + 1 :])
-
-    def argument(self, name: str, position: int, default: Any = None) -> Any:
-        """An argument passed by keyword ``name`` or at ``position``."""
-        return argument(self.args, self.kwargs, name, position, default)
-
-    @property
-    def callsite(self) -> str:
-        if self._callsite is None:
-            target = self.target
-            # A rule names the user's own code: its caller there is the call site. A
-            # library's own frames lead to the user's code that called into it.
-            library = () if target.rule else (target.module.partition(".")[0],)
-            self._callsite = find_callsite(*library, *target.skip)
-        return self._callsite
+    from autograd_guard._call import Check, Target
+    from autograd_guard._guard import Guard
 
 
 def describe_error(exc: BaseException) -> str:
@@ -149,25 +40,17 @@ def describe_error(exc: BaseException) -> str:
     return text
 
 
-def make_wrapper(self: Guard, target: Target) -> Callable[..., Any]:
-    """The wrapt wrapper for ``target``: the guard's check, then its ``handle``, failing
-    open; for a guard that overrides ``before``, its check around the call."""
-    from autograd_guard._guard import Guard
-
-    if type(self).before is not Guard.before:
-        wrapper = _checking_around(self, target)
-    else:
-        wrapper = _handling(self, target, self.check_for(target))
+def make_wrapper(
+    self: Guard, target: Target, around: bool, risky: Check | None
+) -> Callable[..., Any]:
+    """The wrapt wrapper for ``target``: the guard's ``risky`` check (None: every call is
+    risky), then its ``handle``, failing open; ``around``: its ``before`` around the call."""
+    wrapper = _checking_around(self, target) if around else _handling(self, target, risky)
     _mark(wrapper, self, target)
     return wrapper
 
 
-def _handling(
-    self: Guard, target: Target, risky: Callable[[Any, tuple[Any, ...], dict[str, Any]], bool]
-) -> Callable[..., Any]:
-    from autograd_guard._guard import Guard
-
-    always = getattr(risky, "__func__", None) is Guard.risky  # no check to run
+def _handling(self: Guard, target: Target, risky: Check | None) -> Callable[..., Any]:
     handle = self.handle
 
     def autograd_guard_wrapper(
@@ -186,7 +69,7 @@ def _handling(
             if callback is not None and callback is not False:  # run by a compiled region
                 return outside(autograd_guard_wrapper, callback, wrapped, instance, args, kwargs)
             set_eval_frame(callback)
-        if not always:
+        if risky is not None:  # None: no check to run
             try:
                 is_risky = risky(instance, args, kwargs)
             except Exception as exc:  # fail open: run the library untouched

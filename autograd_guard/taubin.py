@@ -8,10 +8,9 @@ materialises as a dense V x V tensor.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pytorch3d.structures import Meshes
 

@@ -11,6 +11,7 @@ import wheelenv
 from helpers import ROOT, STAGE_SOURCE
 
 from autograd_guard import _engine
+from autograd_guard._state import STATE
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,13 +32,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    """No ambient guard settings, no policy file from the checkout, nothing left installed."""
+    """No ambient guard settings, no policy file from the checkout, nothing left installed,
+    registered or cached."""
     for name in wheelenv.ENV_VARS[:-1]:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
     monkeypatch.chdir(tmp_path)
     yield
     _engine.uninstall()
+    STATE.reset()
 
 
 @pytest.fixture

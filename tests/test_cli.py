@@ -122,12 +122,12 @@ def test_report_tells_apart_processes_that_share_a_pid(tmp_path, capsys):
 
 
 def test_summary_words(capsys):
-    from autograd_guard import _events
+    from autograd_guard import _actions
 
     one = [{"guard": "g", "action": "a", "callsite": "c", "count": 1}]
-    assert _events.describe_counts(one) == "1 intervention at 1 call site"
+    assert _actions.describe_counts(one) == "1 intervention at 1 call site"
     note = [{"guard": "g", "action": "late_patch", "callsite": "c", "count": 1}]
-    assert _events.describe_counts(one + note) == (
+    assert _actions.describe_counts(one + note) == (
         "1 intervention at 1 call site; 1 other event (notes and errors)"
     )
 

@@ -115,6 +115,22 @@ def test_uninstall_restores_identity_and_install_is_idempotent(toy):
     autograd_guard.uninstall()  # harmless twice
 
 
+def test_uninstall_forgets_caches_and_reset_forgets_registrations(toy):
+    from autograd_guard import _versions
+    from autograd_guard._cache import DiskCache
+    from autograd_guard._state import STATE
+
+    autograd_guard.install(policy())
+    _versions.installed_version("pytest")
+    DiskCache.shared()
+    assert STATE.versions and STATE.disk_cache is not None
+    autograd_guard.uninstall()
+    assert not STATE.versions and STATE.disk_cache is None and not STATE.guards
+    assert ToyGuard in STATE.registered  # kept for the next install
+    STATE.reset()
+    assert ToyGuard not in guards.available()
+
+
 def test_reload_is_patched_again(toy):
     autograd_guard.install(policy())
     import toy_pkg.core

@@ -8,7 +8,7 @@ import sys
 
 from helpers import ROOT, run_python
 
-from autograd_guard import _events
+from autograd_guard import _actions, _events
 
 FIELDS = {
     "mode": "fix",
@@ -46,7 +46,7 @@ def test_summary_counts_findings_apart():
         {"guard": "grad_health", "action": "lost_gradient", "callsite": "b:1", "count": 1},
         {"guard": "grad_health", "action": "nonfinite_origin", "callsite": "b:2", "count": 1},
     ]
-    assert _events.describe_counts(rows) == "2 interventions at 1 call site; 2 findings"
+    assert _actions.describe_counts(rows) == "2 interventions at 1 call site; 2 findings"
 
 
 PROGRAM = """

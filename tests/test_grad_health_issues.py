@@ -12,7 +12,7 @@ import torch
 from grad_health_twin import assert_same, hook_log, outcome, twin
 
 import autograd_guard
-from autograd_guard import _events
+from autograd_guard import _actions
 from autograd_guard.testing import capture_events
 
 ORIGINAL_BACKWARD, ORIGINAL_GRAD = torch.autograd.backward, torch.autograd.grad
@@ -343,7 +343,7 @@ def test_a_detached_backbone_is_still_reported_once_as_a_finding():
     assert event["action"] == "lost_gradient" and "100 optimizer steps" in event["event"]
     assert event["parameters"] == ["backbone.weight", "backbone.bias"]
     rows = [{"guard": "grad_health", "action": "lost_gradient", "callsite": "x", "count": 1}]
-    assert _events.describe_counts(rows) == "0 interventions at 0 call sites; 1 finding"
+    assert _actions.describe_counts(rows) == "0 interventions at 0 call sites; 1 finding"
 
 
 # -- 8. meta and fake tensors, unhashable optimizers --------------------------------------

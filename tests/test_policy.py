@@ -9,6 +9,7 @@ import pytest
 
 from autograd_guard import _policy, _policy_files
 from autograd_guard._cache import DiskCache
+from autograd_guard._state import STATE
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
 
@@ -186,7 +187,7 @@ def test_the_cache_is_per_environment_and_distrusts_other_shapes(tmp_path, monke
 def test_cached_and_fresh_parse_agree(tmp_path, monkeypatch):
     file = tmp_path / "p.toml"
     file.write_text('mode = "observe"\n[guards.grad_mode]\nforce = true\n')
-    monkeypatch.setattr(DiskCache, "_shared", DiskCache(str(tmp_path / "c")))
+    monkeypatch.setattr(STATE, "disk_cache", DiskCache(str(tmp_path / "c")))
     first = load(str(file))
     assert os.path.exists(DiskCache.shared().file)
     second = load(str(file))

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from autograd_guard import _policy, _policy_schema
 from autograd_guard._cache import DiskCache
+from autograd_guard._state import STATE
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
 
@@ -127,7 +128,7 @@ def check(source, load) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_parse_cache(monkeypatch):
-    monkeypatch.setattr(DiskCache, "_shared", DiskCache(None))
+    monkeypatch.setattr(STATE, "disk_cache", DiskCache(None))
 
 
 FUZZ = settings(

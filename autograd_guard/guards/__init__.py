@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import sys
 
+from autograd_guard._state import STATE
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -28,8 +30,6 @@ BUILTIN = (
 )
 ENTRY_POINT_GROUP = "autograd_guard.guards"
 
-_registered: list[type[Guard]] = []
-
 
 def builtin() -> list[type[Guard]]:
     return [_load(name, f"autograd_guard.guards.{name}:GUARD") for name in BUILTIN]
@@ -37,19 +37,19 @@ def builtin() -> list[type[Guard]]:
 
 def available(environ: Mapping[str, str] | None = None) -> list[type[Guard]]:
     """Every guard this process can use: built-in, registered, then third-party."""
-    guards = builtin() + list(_registered)
+    guards = builtin() + list(STATE.registered)
     return guards + third_party({g.name for g in guards}, environ)
 
 
 def register(guard: type[Guard]) -> None:
     """Add a guard class (takes effect at the next ``install``)."""
-    if guard not in _registered:
-        _registered.append(guard)
+    if guard not in STATE.registered:
+        STATE.registered.append(guard)
 
 
 def unregister(guard: type[Guard]) -> None:
-    if guard in _registered:
-        _registered.remove(guard)
+    if guard in STATE.registered:
+        STATE.registered.remove(guard)
 
 
 def third_party(taken: set[str], environ: Mapping[str, str] | None = None) -> list[type[Guard]]:

@@ -23,6 +23,7 @@ from autograd_guard import _compiled
 from autograd_guard._guard import Call, Guard, Target
 from autograd_guard._inference_clones import InferenceClones
 from autograd_guard._resumable import NO_CONTEXT, GradModes, resume_each_time_under
+from autograd_guard._state import STATE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -193,7 +194,7 @@ def _grad_mode_traced(*args: Any, **kwargs: Any) -> Any:
 
 def _resumable(target: Target) -> str | None:
     """``generator``, ``coroutine`` or ``asyncgen`` for such a target, else None."""
-    kind = _KINDS.get(target)
+    kind = STATE.kinds.get(target)
     if kind is None:
         import contextlib
         import inspect
@@ -205,7 +206,7 @@ def _resumable(target: Target) -> str | None:
         with contextlib.suppress(ValueError):  # ValueError: a cycle of __wrapped__
             # Under functools.wraps decorators, the function they wrap decides.
             function = inspect.unwrap(function)
-        kind = _KINDS[target] = (
+        kind = STATE.kinds[target] = (
             "generator"
             if inspect.isgeneratorfunction(function)
             else "coroutine"
@@ -215,9 +216,6 @@ def _resumable(target: Target) -> str | None:
             else ""
         )
     return kind or None
-
-
-_KINDS: dict[Target, str] = {}
 
 
 def _note(target: str, fixed: bool) -> str:

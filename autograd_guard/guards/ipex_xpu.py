@@ -16,12 +16,11 @@ patched until IPEX itself is imported.
 
 from __future__ import annotations
 
-import _thread
 import sys
 
 from autograd_guard import _compiled
+from autograd_guard._cpu_rerun import in_reference_run, max_differences, rerun_on_cpu, tensors
 from autograd_guard._guard import Call, Guard, Option, Target
-from autograd_guard._wrapper import iter_tensors, map_tensors
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,13 +36,6 @@ DROPOUTS = (
     "alpha_dropout",
     "feature_alpha_dropout",
 )
-
-_reference = _thread._local()  # threading would cost start-up time
-
-
-def in_reference_run() -> bool:
-    """True while the cross-check re-runs a module on the CPU."""
-    return getattr(_reference, "active", False)
 
 
 class IpexXpu(Guard):
@@ -178,27 +170,16 @@ class IpexXpu(Guard):
         return (
             count % self.config["crosscheck_every"] == 0
             and self._checks.get(name, 0) < self.config["crosscheck_max"]
-            and any(self._on_device(t) for t in _tensors((args, kwargs)))
+            and any(self._on_device(t) for t in tensors((args, kwargs)))
         )
 
     def _crosscheck(self, call: Call) -> Any:
-        import copy
-
         torch = sys.modules["torch"]
         result = call.proceed()
         name = type(call.instance).__qualname__
         self._checks[name] = self._checks.get(name, 0) + 1
-        _reference.active = True
-        try:
-            with torch.no_grad():
-                reference = copy.deepcopy(call.instance).to("cpu")
-                cpu_args, cpu_kwargs = map_tensors(
-                    (call.args, call.kwargs), torch.Tensor, _detached_on_cpu, DEPTH
-                )
-                expected = reference(*cpu_args, **cpu_kwargs)
-        finally:
-            _reference.active = False
-        abs_diff, rel_diff = _max_differences(torch, result, expected)
+        expected = rerun_on_cpu(torch, call.instance, call.args, call.kwargs)
+        abs_diff, rel_diff = max_differences(result, expected)
         atol, rtol = self.config["crosscheck_atol"], self.config["crosscheck_rtol"]
         diverged = abs_diff > atol and rel_diff > rtol
         event = (
@@ -270,39 +251,6 @@ def _training_default(function: Callable[..., Any]) -> Any:
         return inspect.signature(function).parameters["training"].default
     except (KeyError, TypeError, ValueError):
         return True
-
-
-DEPTH = 8  # how deep model inputs and outputs are searched for tensors
-
-
-def _tensors(value: Any) -> Iterable[Any]:
-    return iter_tensors(value, sys.modules["torch"].Tensor, DEPTH)
-
-
-def _detached_on_cpu(tensor: Any) -> Any:
-    return tensor.detach().cpu()
-
-
-def _max_differences(torch: Any, actual: Any, expected: Any) -> tuple[float, float]:
-    """Largest absolute and relative difference over every tensor in two outputs."""
-    worst_abs = worst_rel = 0.0
-    pairs = zip(_tensors(_as_plain(actual)), _tensors(_as_plain(expected)), strict=False)
-    for got, want in pairs:
-        if not (got.is_floating_point() and got.shape == want.shape):
-            continue
-        diff = (got.detach().cpu().double() - want.double()).abs()
-        if diff.numel():
-            worst_abs = max(worst_abs, float(diff.max()))
-            scale = want.double().abs().clamp_min(1e-12)
-            worst_rel = max(worst_rel, float((diff / scale).max()))
-    return worst_abs, worst_rel
-
-
-def _as_plain(value: Any) -> Any:
-    """transformers' ModelOutput becomes a tuple of its tensors."""
-    if hasattr(value, "to_tuple"):
-        return value.to_tuple()
-    return value
 
 
 GUARD = IpexXpu

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import sys
 
+from autograd_guard._call import argument
 from autograd_guard._guard import Call, Guard, Option, Target
-from autograd_guard._wrapper import argument
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -1,0 +1,75 @@
+"""How a guard reports: ``intervene`` (log, raise in strict, say whether to fix),
+``refuse``, ``emit`` and ``fail``, the methods guards call; ``Guard`` inherits them."""
+
+from __future__ import annotations
+
+from autograd_guard import _events
+from autograd_guard._wrapper import describe_error
+from autograd_guard.errors import GuardError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, ClassVar, NoReturn
+
+    from autograd_guard._call import Call
+
+
+class Interventions:
+    """The reporting half of ``Guard``: events carry the guard's name, mode and version."""
+
+    name: ClassVar[str] = ""
+    remedy: ClassVar[str] = ""
+    mode: str
+    version: str | None
+
+    def intervene(self, call: Call, action: str, event: str, **fields: Any) -> bool:
+        """Report an intervention; raise in strict mode; True means: apply the fix."""
+        callsite = call.callsite
+        if self.mode == "strict":
+            self.refuse(event, action=action, callsite=callsite, target=str(call.target), **fields)
+        self.emit(event, action=action, callsite=callsite, target=str(call.target), **fields)
+        return self.mode == "fix"
+
+    def refuse(self, event: str, *, action: str, callsite: str, **fields: Any) -> NoReturn:
+        """Strict mode: log ``event`` as an error and raise it, naming the remedy."""
+        self.emit(event, action=action, callsite=callsite, level="error", **fields)
+        raise GuardError(
+            f"autograd-guard [{self.name}] at {callsite}: {event}. Remedy: {self.remedy}"
+        )
+
+    def emit(
+        self,
+        event: str,
+        *,
+        action: str,
+        callsite: str,
+        level: str = "warning",
+        remedy: str | None = None,
+        **fields: Any,
+    ) -> bool:
+        return _events.emit(
+            event,
+            guard=self.name,
+            action=action,
+            callsite=callsite,
+            level=level,
+            mode=self.mode,
+            version=self.version,
+            remedy=remedy or self.remedy,
+            **fields,
+        )
+
+    def fail(self, stage: str, exc: BaseException) -> None:
+        """The guard's own code broke: report it once; raise only in strict mode."""
+        self.emit(
+            f"guard error in {stage}; the library's own behaviour was kept",
+            action="guard_error",
+            callsite=f"{stage}:{type(exc).__name__}",
+            level="error",
+            error=describe_error(exc),
+            remedy="a bug in the guard: please report it with this event",
+        )
+        if self.mode == "strict":
+            raise GuardError(
+                f"autograd-guard [{self.name}] failed in {stage}: {describe_error(exc)}"
+            ) from exc
