@@ -25,7 +25,10 @@ def _a_library_process() -> bool:
     if spec_name.split(".")[0] == "torch":
         return True
     torch_dir = os.path.dirname(getattr(sys.modules.get("torch"), "__file__", None) or "")
-    main_file = os.path.abspath(getattr(main, "__file__", None) or "")
+    # The script's path: CPython deletes __main__.__file__ once the script has run, before
+    # the exit handlers, so it is read from argv.
+    script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+    main_file = os.path.abspath(script) if script else ""
     return bool(torch_dir) and main_file.startswith(torch_dir + os.sep)
 
 

@@ -4,7 +4,9 @@ in the JSON log; at exit, once, the rules that never attached; findings counted 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import types
 
 from helpers import ROOT, run_python
 
@@ -102,3 +104,18 @@ def test_inductors_cpu_probe_process_names_no_unattached_rule(tmp_path):
     # the same rule in a program of the user's own is named
     program = run_python(sys.executable, "import torch\n", tmp_path, **environ)
     assert "unattached_rules" in program.stderr
+
+
+def test_a_script_inside_torch_is_torchs_process_also_at_exit(monkeypatch):
+    # inductor's compile worker runs torch/_inductor/compile_worker/__main__.py; at exit,
+    # CPython has deleted __main__.__file__, so the script is known by argv alone.
+    import torch
+
+    from autograd_guard import _unattached
+
+    worker = os.path.join(os.path.dirname(torch.__file__), "_inductor", "worker.py")
+    monkeypatch.setattr(sys, "argv", [worker, "--workers=2"])
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
+    assert _unattached._a_library_process()
+    monkeypatch.setattr(sys, "argv", ["/home/user/train.py"])
+    assert not _unattached._a_library_process()
