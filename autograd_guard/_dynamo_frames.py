@@ -33,6 +33,10 @@ class _Dynamo:
         # region): read by setting in every guarded call, as torch 2.6's getter returns a
         # reference it does not own (a crash once the caller drops it).
         self.set_eval_frame: Callable[[Any], Any] | None = None
+        # Proxy types of functions held by a classmethod, and whether this Dynamo can
+        # inline their _torchdynamo_inline as a classmethod's function (see below).
+        self.classmethod_proxies: list[type] = []
+        self.classmethod_inline_works = True
 
 
 DYNAMO = _Dynamo()
@@ -69,6 +73,38 @@ def dynamo_imported(dynamo: ModuleType) -> None:
     for code in DYNAMO.skipped:
         skip_code(code)
     DYNAMO.skip_code, DYNAMO.set_eval_frame = skip_code, eval_frame.set_eval_frame
+    if not _wrapper_variable_binds(sys.modules.get("torch._dynamo.variables.functions")):
+        DYNAMO.classmethod_inline_works = False
+        for kind in DYNAMO.classmethod_proxies:
+            without_inline(kind)
+
+
+def guarded_classmethod(kind: type) -> None:
+    """``kind`` is the proxy type of a function a classmethod holds."""
+    DYNAMO.classmethod_proxies.append(kind)
+    if not DYNAMO.classmethod_inline_works:
+        without_inline(kind)
+
+
+def without_inline(kind: type) -> None:
+    """Where Dynamo cannot bind a wrapper variable as a classmethod's function (torch
+    2.15: ``WrapperUserFunctionVariable.has_self`` raises NotImplementedError, an internal
+    error of the user's compile), the guarded classmethod is traced as its original inside
+    compiled code (unguarded there, as before the guard wrapped class methods as their
+    functions), never a crash."""
+    if "_torchdynamo_inline" in vars(kind):
+        delattr(kind, "_torchdynamo_inline")
+
+
+def _wrapper_variable_binds(functions: Any) -> bool:
+    """False where a method variable asks its function variable ``has_self`` and the
+    wrapper variable leaves it to the base class, which raises."""
+    method = getattr(functions, "UserMethodVariable", None)
+    variable = getattr(functions, "WrapperUserFunctionVariable", None)
+    base = getattr(functions, "BaseUserFunctionVariable", None)
+    if method is None or variable is None or "has_self" not in vars(method):
+        return True
+    return getattr(variable, "has_self", None) is not getattr(base, "has_self", None)
 
 
 @skipped

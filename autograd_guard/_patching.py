@@ -78,7 +78,12 @@ def _replacement(original: object, wrapper: Wrapper) -> object:
         getter = _guarded_function(original.fget, wrapper)
         return property(getter, original.fset, original.fdel, original.__doc__)
     if _plain_method_descriptor(original):
-        return type(original)(_guarded_function(original.__func__, wrapper))  # type: ignore[attr-defined, call-arg]
+        function = _guarded_function(original.__func__, wrapper)  # type: ignore[attr-defined]
+        if isinstance(original, classmethod):
+            from autograd_guard._dynamo_frames import guarded_classmethod
+
+            guarded_classmethod(type(function))
+        return type(original)(function)  # type: ignore[call-arg]
     # A subclass (its own state, __set_name__) or a classmethod of a descriptor (Python
     # < 3.13) is wrapped as itself.
     if not (callable(original) or isinstance(original, classmethod)) or isinstance(original, type):
