@@ -121,6 +121,18 @@ def restore(callback: Any) -> None:
 
 
 @skipped
+def region_callback() -> Any:
+    """The callback of the torch.compile region that runs this call, now unset (``outside``
+    sets it again); None outside a region (or in run-only mode), the callback unchanged."""
+    set_eval_frame: Any = DYNAMO.set_eval_frame
+    callback = set_eval_frame(None)
+    if callback is None or callback is False:
+        set_eval_frame(callback)
+        return None
+    return callback
+
+
+@skipped
 def outside(
     wrapper: Callable[..., Any],
     callback: Any,
@@ -129,7 +141,7 @@ def outside(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    """Run ``wrapper`` with Dynamo's ``callback`` unset (the caller has unset it), and
+    """Run ``wrapper`` with Dynamo's ``callback`` unset (``region_callback`` unset it), and
     ``wrapped`` with it set; it is set again on the way out."""
     set_eval_frame: Any = DYNAMO.set_eval_frame
     try:

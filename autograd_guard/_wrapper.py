@@ -13,7 +13,7 @@ import os
 from autograd_guard import _callsite, _compiled, _dynamo_frames
 from autograd_guard._call import Call
 from autograd_guard._callsite import find_callsite as find_callsite  # where guards find it
-from autograd_guard._dynamo_frames import DYNAMO, outside
+from autograd_guard._dynamo_frames import DYNAMO, outside, region_callback
 from autograd_guard._recursion import GIVE_BACK
 from autograd_guard.errors import GuardError
 
@@ -63,12 +63,10 @@ def _handling(self: Guard, target: Target, risky: Check | None) -> Callable[...,
         # pass through as the same objects with the same context, and it runs once.
         if not self.active:
             return wrapped(*args, **kwargs)
-        set_eval_frame = DYNAMO.set_eval_frame
-        if set_eval_frame is not None:  # torch._dynamo is imported
-            callback = set_eval_frame(None)
-            if callback is not None and callback is not False:  # run by a compiled region
+        if DYNAMO.set_eval_frame is not None:  # torch._dynamo is imported
+            callback = region_callback()
+            if callback is not None:  # run by a compiled region
                 return outside(autograd_guard_wrapper, callback, wrapped, instance, args, kwargs)
-            set_eval_frame(callback)
         if risky is not None:  # None: no check to run
             try:
                 is_risky = risky(instance, args, kwargs)
@@ -124,14 +122,12 @@ def _checking_around(self: Guard, target: Target) -> Callable[..., Any]:
     ) -> Any:
         if not self.active:
             return wrapped(*args, **kwargs)
-        set_eval_frame = DYNAMO.set_eval_frame
-        if set_eval_frame is not None:  # see autograd_guard_wrapper
-            callback = set_eval_frame(None)
-            if callback is not None and callback is not False:
+        if DYNAMO.set_eval_frame is not None:  # see autograd_guard_wrapper
+            callback = region_callback()
+            if callback is not None:
                 return outside(
                     autograd_guard_check_around, callback, wrapped, instance, args, kwargs
                 )
-            set_eval_frame(callback)
         try:
             after = before(Call(target, wrapped, instance, args, kwargs))
         except GuardError:
