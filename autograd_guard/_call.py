@@ -19,10 +19,22 @@ class Target:
     """A callable to wrap: ``module`` defines ``qualname``; ``aliases`` re-export it.
 
     With ``after``, nothing happens until that module is imported too (a guard for a
-    library that changes another library's behaviour, such as IPEX and torch).
+    library that changes another library's behaviour, such as IPEX and torch). A guard
+    with several remedies names the methods of this target's own: ``check`` (in place of
+    ``risky``), ``handle`` and ``traced`` (in place of ``_traced``).
     """
 
-    __slots__ = ("after", "aliases", "module", "qualname", "rule", "skip")
+    __slots__ = (
+        "after",
+        "aliases",
+        "check",
+        "handle",
+        "module",
+        "qualname",
+        "rule",
+        "skip",
+        "traced",
+    )
 
     def __init__(
         self,
@@ -32,6 +44,9 @@ class Target:
         after: str | None = None,
         skip: Iterable[str] = (),
         rule: str | None = None,
+        check: str | None = None,
+        handle: str | None = None,
+        traced: str | None = None,
     ) -> None:
         self.module = module
         self.qualname = qualname
@@ -39,6 +54,7 @@ class Target:
         self.after = after
         self.skip = tuple(skip)  # more packages whose frames are not the call site
         self.rule = rule  # "policy.toml: rules[2]" for a target that a policy rule names
+        self.check, self.handle, self.traced = check, handle, traced  # method names
 
     def __str__(self) -> str:
         return f"{self.module}:{self.qualname}"
@@ -97,21 +113,21 @@ class Call:
         "instance",
         "kwargs",
         "library_error",
+        "original",
         "result",
         "target",
-        "wrapped",
     )
 
     def __init__(
         self,
         target: Target,
-        wrapped: Callable[..., Any],
+        original: Callable[..., Any],
         instance: Any,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> None:
         self.target = target
-        self.wrapped = wrapped
+        self.original = original
         self.instance = instance
         self.args = args
         self.kwargs = kwargs
@@ -125,7 +141,7 @@ class Call:
     ) -> Any:
         """Run the original callable (with these arguments, if given)."""
         try:
-            result = self.wrapped(
+            result = self.original(
                 *(self.args if args is None else args),
                 **(self.kwargs if kwargs is None else kwargs),
             )

@@ -80,8 +80,7 @@ def _choose(guard: Guard, target: Target, state: Any) -> int:
     if not state.tried:
         state.tried = True
         try:
-            if guard.mode in ("observe", "fix"):
-                state.traced = guard._traced(target, state.original)
+            state.traced = guard.traced(target, state.original)
             # a traced remedy may still run the guarded call at a graph break
             namespace = getattr(state.traced, "__globals__", {}).get("compiled")
             if namespace is not None:

@@ -117,7 +117,7 @@ def _print_guard(guard_class: type[Guard], policy: _policy.Policy) -> None:
         stages = [r.target for r in policy.rules_for(guard.rule_action)]
         why = f"rules: {', '.join(stages)}" if stages else "no rules in the policy: nothing to do"
     else:
-        _, why = guard.verdict()
+        _, why = guard.needed()
     print(f"  {name:<18} mode={guard.mode:<7} {why}")
     for label, text in (("symptom", guard.symptom), ("upstream", guard.upstream)):
         if text:

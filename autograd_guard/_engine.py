@@ -8,6 +8,7 @@ import sys
 from autograd_guard import (
     _environment,
     _events,
+    _guard_contract,
     _importer,
     _patching,
     _policy,
@@ -91,27 +92,28 @@ def _start(guard_class: type[Guard], policy: Policy) -> None:
         return
     STATE.guards.append(guard)
     if guard.unavailable:
-        guard.state = guard.unavailable
+        guard.set_state("unavailable", guard.unavailable)
         return
     if guard.mode == "off":
-        guard.state = "off"
+        guard.set_state("off")
         return
     try:
-        targets = list(guard.targets_to_wrap())
+        targets = guard.targets_to_wrap()
+        _guard_contract.check_targets(guard, targets)
     except Exception as exc:
-        guard.state = f"error: {exc!r}"
+        guard.set_state("error", repr(exc))
         guard.fail("watch", exc)
         return
     for target in targets:
         _hook_target(guard, target)
     for name in guard.modules:
-        _importer.when_imported(name, guard.module_imported)  # fails open itself
+        _importer.when_imported(name, guard.attach)  # fails open itself
 
 
 def _hook_target(guard: Guard, target: Target) -> None:
     def hook_target(_: object = None) -> None:
         late = target.module in sys.modules
-        _importer.when_imported(target.module, _instrument_hook(guard, target, late))
+        _importer.when_imported(target.module, _attach_hook(guard, target, late))
 
     if target.after is None:
         hook_target()
@@ -131,19 +133,14 @@ def _fail_open(guard: Guard, hook: Callable[[ModuleType], None]) -> Callable[[Mo
     return safe
 
 
-def _instrument_hook(guard: Guard, target: Target, late: bool) -> Callable[[ModuleType], None]:
+def _attach_hook(guard: Guard, target: Target, late: bool) -> Callable[[ModuleType], None]:
     first = [late]
 
-    def instrument(module: ModuleType) -> None:
-        # Runs inside the user's import: an exception here would break that import.
-        try:
-            guard.instrument(module, target, first[0])
-        except Exception as exc:
-            guard.state = f"error: {exc!r}"
-            guard.fail("patch", exc)
+    def attach(module: ModuleType) -> None:
+        guard.attach(module, target, first[0])  # fails open itself
         first[0] = True  # a reload: old references may be about
 
-    return instrument
+    return attach
 
 
 def uninstall() -> None:
@@ -151,7 +148,6 @@ def uninstall() -> None:
     with STATE.engine_lock:
         _importer.clear()
         for guard in STATE.guards:
-            guard.active = False
             guard.detach()
         skipped = _patching.undo_all()
         for place in skipped:
@@ -227,7 +223,7 @@ def status() -> dict[str, Any]:
             "auto_loaded": STATE.started,
             "policy": policy.source if policy else None,
             "mode": (policy.env_mode or policy.mode) if policy else None,
-            "log": _events.destination(),
+            "log": STATE.log,
             "error": STATE.error,
             "watching": _importer.watched(),
             "guards": {
@@ -238,6 +234,7 @@ def status() -> dict[str, Any]:
                     "version": g.version,
                     "affected": g.affected or "all versions",
                     "state": g.state,
+                    "detail": g.detail,
                     "patched": list(g.places),
                 }
                 for g in STATE.guards

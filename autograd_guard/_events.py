@@ -20,12 +20,12 @@ if TYPE_CHECKING:
     Listener = Callable[[dict[str, Any]], None]
 
 
-def configure(destination: str | None, source: str = "AUTOGRAD_GUARD_LOG") -> None:
+def configure(log: str | None, source: str = "AUTOGRAD_GUARD_LOG") -> None:
     """Send events to ``stderr``, ``logging`` or a file path (JSON lines); ``source`` says
     where that was set, for the message if the file cannot be written."""
     with STATE.event_lock:
-        STATE.destination = destination or STDERR
-        STATE.destination_source = source if destination else "default"
+        STATE.log = log or STDERR
+        STATE.log_source = source if log else "default"
         STATE.logger = None
 
 
@@ -42,10 +42,6 @@ def at_exit(check: Callable[[], None]) -> None:
         if check not in STATE.exit_checks:
             STATE.exit_checks.append(check)
     _register_summary()
-
-
-def destination() -> str:
-    return STATE.destination
 
 
 def reset() -> None:
@@ -134,7 +130,7 @@ def _logger() -> Any:
             if STATE.logger is None:
                 from autograd_guard._sinks import make_logger
 
-                STATE.logger = make_logger(STATE.destination, STATE.destination_source)
+                STATE.logger = make_logger(STATE.log, STATE.log_source)
             logger = STATE.logger
     return logger
 

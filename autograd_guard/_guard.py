@@ -12,20 +12,19 @@ A guard is a class that reads as the bug report it answers::
         def risky(self, instance, args, kwargs) -> bool: ...   # cheap check, every call
         def handle(self, call) -> Any: ...                      # only for risky calls
 
-``handle`` runs the library through ``call.proceed()`` and asks ``self.intervene()``
-before changing anything: that logs the event, raises in ``strict`` and returns
-whether to apply the fix (the reporting methods are in ``_interventions``). Any error of
-the guard's own falls back to the library's own behaviour; the library's and the user's
-exceptions pass through unchanged.
+``handle`` runs the library through ``call.proceed()`` and asks ``self.report()`` before
+changing anything: that logs the event, raises in ``strict`` and returns whether to
+apply the fix (the reporting methods are in ``_interventions``). A guard with several
+remedies names each target's own ``check``, ``handle`` and ``traced`` methods on the
+``Target``. Any error of the guard's own falls back to the library's own behaviour; the
+library's and the user's exceptions pass through unchanged.
 
-A guard overrides only the hooks: ``risky``, ``check_for``, ``handle`` (or ``before``) and
-the private ``_targets``, ``_needed``, ``_traced``, ``_on_instrument``. The engine calls the public
-methods (``targets_to_wrap``, ``verdict``, ``instrument``, ``wrapper_for``), which call
-those hooks, as OpenTelemetry's ``instrument()`` calls ``_instrument()``.
-
-A guard that wraps nothing (torch's global optimizer hooks) names ``modules``: on each
-one's import the engine calls ``module_imported`` (version gate, then ``_on_import``);
-``uninstall()`` calls ``detach`` (``_on_uninstall``). Both fail open.
+The engine calls public methods, each of which calls the private hook of the same name
+that a guard may override, as OpenTelemetry's ``instrument()`` calls ``_instrument()``:
+``targets_to_wrap``, ``needed``, ``attach``, ``detach``, ``check_for``, ``handler_for``
+and ``traced``. A guard that wraps nothing (torch's global optimizer hooks) names
+``modules``: ``attach`` runs on each one's import with no target. Every guard class is
+checked against this contract when it is loaded (``_guard_contract``).
 """
 
 from __future__ import annotations
@@ -43,10 +42,15 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from types import ModuleType
-    from typing import Any, ClassVar
+    from typing import Any, ClassVar, Literal
 
     from autograd_guard._call import Check
     from autograd_guard._policy_data import Policy
+
+    # Where a guard stands; ``Guard.detail`` says more (which version, which module).
+    GuardState = Literal[
+        "waiting for import", "patched", "hooked", "not needed", "off", "unavailable", "error"
+    ]
 
 __all__ = ["Call", "Guard", "GuardError", "Option", "Target", "describe_error"]
 
@@ -77,42 +81,17 @@ class Guard(Interventions):
         self.active = True
         self.version: str | None = None
         self.installed_as: str | None = None
-        self.state = "waiting for import"
+        self.state: GuardState = "waiting for import"
+        self.detail = ""
         self.places: list[str] = []
         self._wrappers: dict[str, Callable[..., Any]] = {}
         self._lock = _thread.allocate_lock()
 
-    # -- what subclasses override ----------------------------------------------------
-
-    def _targets(self) -> Iterable[Target]:
-        """The callables to wrap (the declared ``targets`` unless a guard computes them)."""
-        return self.targets
-
-    def _needed(self) -> bool:
-        """Whether to patch at all: the installed version is affected, or the policy forces it."""
-        return self.version_affected()
-
-    def _on_instrument(self, module: ModuleType, target: Target) -> None:
-        """Called when ``target``'s module is imported, before it is wrapped."""
-
-    def _on_import(self, module: ModuleType) -> None:
-        """One of ``modules`` was imported (and the version is affected): hook in."""
-
-    def _on_uninstall(self) -> None:
-        """Remove what ``_on_import`` added."""
-
-    def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
-        """A function ``torch.compile`` can trace that applies the remedy (None: none); made
-        with ``autograd_guard._compiled.traceable`` from a module-level template."""
-        return None
+    # -- the body of a guard ---------------------------------------------------------
 
     def risky(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """A cheap test run on every call; False lets the call through untouched."""
         return True
-
-    def check_for(self, target: Target) -> Check:
-        """The ``risky`` test for ``target`` (a guard with several targets may differ)."""
-        return self.risky
 
     def handle(self, call: Call) -> Any:
         """Deal with a risky call. Must run the library through ``call.proceed()``."""
@@ -124,23 +103,53 @@ class Guard(Interventions):
         wrapper's frame (a recursive target costs one frame per level)."""
         return None
 
+    # -- hooks a guard may override ----------------------------------------------------
+
+    def _targets_to_wrap(self) -> Iterable[Target]:
+        """The callables to wrap (the declared ``targets`` unless a guard computes them)."""
+        return self.targets
+
+    def _needed(self) -> bool:
+        """Whether to patch at all: the installed version is affected, or the policy forces it."""
+        return self.is_affected()
+
+    def _attach(self, module: ModuleType, target: Target | None) -> None:
+        """``module`` was imported and the guard is needed: before ``target`` is wrapped,
+        or, for a module of ``modules`` (target None), to hook in."""
+
+    def _detach(self) -> None:
+        """Remove what ``_attach`` added (the engine undoes the patches)."""
+
+    def _check_for(self, target: Target) -> Check:
+        """The ``risky`` test for ``target``: its own ``check`` method, else ``risky``."""
+        return getattr(self, target.check) if target.check else self.risky
+
+    def _handler_for(self, target: Target) -> Callable[[Call], Any]:
+        """What handles a risky call of ``target``: its own ``handle`` method, else ``handle``."""
+        return getattr(self, target.handle) if target.handle else self.handle
+
+    def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
+        """A function ``torch.compile`` can trace that applies the remedy (None: none); made
+        with ``autograd_guard._compiled.traceable`` from a module-level template."""
+        return getattr(self, target.traced)(target, original) if target.traced else None
+
     # -- what the engine calls -------------------------------------------------------
 
     def targets_to_wrap(self) -> list[Target]:
-        return list(self._targets())
+        return list(self._targets_to_wrap())
 
     def read_version(self) -> None:
         """Read the installed version from distribution metadata (never by importing)."""
         if self.distribution:
             self.installed_as, self.version = _versions.first_installed(self.distribution)
 
-    def version_affected(self) -> bool:
+    def is_affected(self) -> bool:
         """The installed version is affected (or the policy forces the guard on)."""
         if self.forced or not self.distribution or not self.affected:
             return True  # forced, application code, or every version of the library
         return _versions.is_affected(self.version, self.affected)
 
-    def verdict(self) -> tuple[bool, str]:
+    def needed(self) -> tuple[bool, str]:
         """Whether the guard patches here, and why, in words (for ``doctor``)."""
         self.read_version()
         needed = self._needed()
@@ -155,29 +164,41 @@ class Guard(Interventions):
         if self.version is None:
             return needed, f"{self.installed_as} not installed (affected: {versions})"
         where = f"{self.installed_as} {self.version}"
-        if self.version_affected():
+        if self.is_affected():
             return needed, f"{where}: affected ({versions})"
         extra = "; patched for its options" if needed else ""
         return needed, f"{where}: not affected (only {versions} are){extra}"
 
-    def module_imported(self, module: ModuleType) -> None:
-        """A module of ``modules`` is imported (or already was): gate on the version, hook
-        in. Inside the user's import: a failure is reported, never raised (strict aside)."""
+    def set_state(self, state: GuardState, detail: str = "") -> None:
+        self.state, self.detail = state, detail
+
+    def attach(self, module: ModuleType, target: Target | None = None, late: bool = False) -> None:
+        """``module`` was imported: gate on the version, then hook in (``_attach``) and wrap
+        ``target`` (None: a module of ``modules``). ``late``: references to the target
+        may exist already. Runs inside the user's import: a failure is reported, never
+        raised (strict aside)."""
         try:
             self.read_version()
             if not self._needed():
-                self.state = f"not needed for {self.installed_as} {self.version}"
+                self.set_state("not needed", f"for {self.installed_as} {self.version}")
                 return
-            self._on_import(module)
-            self.state = f"hooked into {module.__name__}"
+            self._attach(module, target)
+            if target is None:
+                self.set_state("hooked", f"into {module.__name__}")
+            else:
+                self._wrap(module, target, late)
+        except GuardError:
+            raise  # strict: already reported
         except Exception as exc:
-            self.state = f"error: {exc!r}"
-            self.fail("hook", exc)
+            self.set_state("error", repr(exc))
+            self.fail("hook" if target is None else "patch", exc)
 
     def detach(self) -> None:
-        """Undo ``_on_import`` (at uninstall); a failure is reported, never raised."""
+        """Stop: every wrapper passes calls through, and ``_detach`` removes what
+        ``_attach`` added (at uninstall); a failure is reported, never raised."""
+        self.active = False
         try:
-            self._on_uninstall()
+            self._detach()
         except Exception as exc:
             self.emit(
                 "guard error while detaching",
@@ -187,13 +208,29 @@ class Guard(Interventions):
                 error=describe_error(exc),
             )
 
-    def instrument(self, module: ModuleType, target: Target, late: bool) -> None:
-        """Called once ``target.module`` is imported: gate on the version, then patch."""
-        self.read_version()
-        if not self._needed():
-            self.state = f"not needed for {self.installed_as} {self.version}"
-            return
-        self._on_instrument(module, target)
+    def traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
+        """The remedy ``torch.compile`` traces for ``target`` (None: none, or not in this mode)."""
+        return self._traced(target, original) if self.mode in ("observe", "fix") else None
+
+    def check_for(self, target: Target) -> Check:
+        return self._check_for(target)
+
+    def handler_for(self, target: Target) -> Callable[[Call], Any]:
+        return self._handler_for(target)
+
+    def wrapper_for(self, target: Target) -> Callable[..., Any]:
+        key = str(target)
+        with self._lock:
+            wrapper = self._wrappers.get(key)
+            if wrapper is None:
+                wrapper = self._wrappers[key] = make_wrapper(
+                    self, target, *self._wrapper_checks(target)
+                )
+        return wrapper
+
+    # -- the engine's own steps ----------------------------------------------------------
+
+    def _wrap(self, module: ModuleType, target: Target, late: bool) -> None:
         try:
             patched = _patching.wrap(
                 module, target.qualname, self.wrapper_for(target), target.aliases, late
@@ -203,7 +240,7 @@ class Guard(Interventions):
             return
         if patched is None:
             return
-        self.state = "patched"
+        self.set_state("patched")
         self.places += patched.places
         if late and len(patched.places) > 1:
             self.emit(
@@ -222,7 +259,7 @@ class Guard(Interventions):
             found = f"module {module.__name__!r} has no attribute {target.qualname!r}"
         else:
             found = f"{target.qualname!r} in module {module.__name__!r} is {exc}"
-        self.state = f"target {target} not patched: {found}"
+        self.set_state("error", f"target {target} not patched: {found}")
         named_by = f" (named by {target.rule})" if target.rule else ""
         self.emit(
             f"target {target}{named_by} left untouched: {found}",
@@ -234,19 +271,9 @@ class Guard(Interventions):
             remedy="fix the target's 'module:qualname' so that it names a function or method",
         )
 
-    def wrapper_for(self, target: Target) -> Callable[..., Any]:
-        key = str(target)
-        with self._lock:
-            wrapper = self._wrappers.get(key)
-            if wrapper is None:
-                wrapper = self._wrappers[key] = make_wrapper(
-                    self, target, *self._wrapper_checks(target)
-                )
-        return wrapper
-
     def _wrapper_checks(self, target: Target) -> tuple[bool, Check | None]:
         """Whether the guard checks around each call (it overrides ``before``), else its
-        ``risky`` test for ``target`` (None where it keeps the default: every call)."""
+        risky test for ``target`` (None where it keeps the default: every call)."""
         if type(self).before is not Guard.before:
             return True, None
         risky = self.check_for(target)

@@ -1,5 +1,6 @@
-"""How a guard reports: ``intervene`` (log, raise in strict, say whether to fix),
-``refuse``, ``emit`` and ``fail``, the methods guards call; ``Guard`` inherits them."""
+"""How a guard reports: ``report`` (an intervention: log it, raise in strict, say whether
+to fix), ``refuse``, ``emit`` and ``fail``, the methods guards call; ``Guard`` inherits
+them."""
 
 from __future__ import annotations
 
@@ -22,19 +23,29 @@ class Interventions:
     mode: str
     version: str | None
 
-    def intervene(self, call: Call, action: str, event: str, **fields: Any) -> bool:
-        """Report an intervention; raise in strict mode; True means: apply the fix."""
-        callsite = call.callsite
+    def report(
+        self, at: Call | str, action: str, event: str, *, remedy: str | None = None, **fields: Any
+    ) -> bool:
+        """An intervention (made, or one ``observe`` would make) ``at`` a call (or a call
+        site): logged once per call site; in strict, logged as an error and raised. True
+        means: apply the fix. The one way a guard reports what it changes."""
+        if isinstance(at, str):
+            callsite = at
+        else:
+            callsite = at.callsite
+            fields.setdefault("target", str(at.target))
         if self.mode == "strict":
-            self.refuse(event, action=action, callsite=callsite, target=str(call.target), **fields)
-        self.emit(event, action=action, callsite=callsite, target=str(call.target), **fields)
+            self.refuse(event, action=action, callsite=callsite, remedy=remedy, **fields)
+        self.emit(event, action=action, callsite=callsite, remedy=remedy, **fields)
         return self.mode == "fix"
 
-    def refuse(self, event: str, *, action: str, callsite: str, **fields: Any) -> NoReturn:
+    def refuse(
+        self, event: str, *, action: str, callsite: str, remedy: str | None = None, **fields: Any
+    ) -> NoReturn:
         """Strict mode: log ``event`` as an error and raise it, naming the remedy."""
-        self.emit(event, action=action, callsite=callsite, level="error", **fields)
+        self.emit(event, action=action, callsite=callsite, level="error", remedy=remedy, **fields)
         raise GuardError(
-            f"autograd-guard [{self.name}] at {callsite}: {event}. Remedy: {self.remedy}"
+            f"autograd-guard [{self.name}] at {callsite}: {event}. Remedy: {remedy or self.remedy}"
         )
 
     def emit(

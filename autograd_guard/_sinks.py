@@ -21,21 +21,21 @@ STDERR = "stderr"
 LOGGING = "logging"
 
 
-def make_logger(destination: str, source: str) -> Any:
-    """A structlog logger writing to ``destination`` (``source``: where it was set)."""
+def make_logger(log: str, source: str) -> Any:
+    """A structlog logger writing to ``log`` (``source``: where it was set)."""
     import logging
 
     import structlog
 
     renderer: Any
-    if destination == STDERR:
+    if log == STDERR:
         renderer = _render_line
-    elif destination == LOGGING:  # the host's logging shows the level itself
+    elif log == LOGGING:  # the host's logging shows the level itself
         renderer = _render_message
     else:
         renderer = structlog.processors.JSONRenderer(sort_keys=False)
     return structlog.wrap_logger(
-        _Sink(destination, source),
+        _Sink(log, source),
         processors=[
             _describe_arrays,
             structlog.processors.add_log_level,
@@ -110,7 +110,7 @@ def _sink_method(level: str) -> Any:
     """One logging method of ``_Sink``: stdlib ``logging`` at that level, or a write."""
 
     def log(self: _Sink, line: str) -> None:
-        if self.dest == LOGGING:
+        if self.log == LOGGING:
             import logging
 
             logging.getLogger("autograd_guard").log(getattr(logging, level.upper()), line)
@@ -128,15 +128,15 @@ class _Sink:
     after one line naming the path and where it was set.
     """
 
-    def __init__(self, dest: str, source: str) -> None:
-        self.dest = dest
+    def __init__(self, log: str, source: str) -> None:
+        self.log = log
         self.source = source
         self.fd: int | None = None
         self.fallback = False
 
     def msg(self, line: str) -> None:
         line = line.replace("\n", " ")
-        if self.dest != STDERR and not self.fallback:
+        if self.log != STDERR and not self.fallback:
             fd = self.fd if self.fd is not None else self._open()
             if fd is not None:
                 os.write(fd, (line + "\n").encode("utf-8", "replace"))
@@ -149,7 +149,7 @@ class _Sink:
 
         try:
             flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
-            fd = os.open(self.dest, flags, 0o644)
+            fd = os.open(self.log, flags, 0o644)
         except OSError as exc:
             self._give_up(exc.strerror or str(exc))
             return None
@@ -165,7 +165,7 @@ class _Sink:
     def _give_up(self, why: str) -> None:
         self.fallback = True
         sys.stderr.write(
-            f"autograd-guard: cannot write events to {self.dest!r} (set by {self.source}): "
+            f"autograd-guard: cannot write events to {self.log!r} (set by {self.source}): "
             f"{why}; writing them to stderr instead\n"
         )
 

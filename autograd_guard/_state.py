@@ -40,8 +40,8 @@ class State:
         # events
         self.counts: dict[tuple[str, str, str], int] = {}
         self.listeners: list[Any] = []
-        self.destination = "stderr"
-        self.destination_source = "default"
+        self.log = "stderr"  # where events go: the policy's ``log`` key
+        self.log_source = "default"  # where that was set, for messages
         self.logger: Any = None
         self.exit_checks: list[Any] = []  # run at exit, before the summary
         self.muted = False  # a command of the command line runs: events are counted, not shown

@@ -51,10 +51,10 @@ def make_wrapper(
 
 
 def _handling(self: Guard, target: Target, risky: Check | None) -> Callable[..., Any]:
-    handle = self.handle
+    handle = self.handler_for(target)
 
     def autograd_guard_wrapper(
-        wrapped: Callable[..., Any],
+        original: Callable[..., Any],
         instance: Any,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -62,11 +62,11 @@ def _handling(self: Guard, target: Target, risky: Check | None) -> Callable[...,
         # The library runs outside every try of ours: its exceptions, and the user's,
         # pass through as the same objects with the same context, and it runs once.
         if not self.active:
-            return wrapped(*args, **kwargs)
+            return original(*args, **kwargs)
         if DYNAMO.set_eval_frame is not None:  # torch._dynamo is imported
             callback = region_callback()
             if callback is not None:  # run by a compiled region
-                return outside(autograd_guard_wrapper, callback, wrapped, instance, args, kwargs)
+                return outside(autograd_guard_wrapper, callback, original, instance, args, kwargs)
         if risky is not None:  # None: no check to run
             try:
                 is_risky = risky(instance, args, kwargs)
@@ -76,16 +76,16 @@ def _handling(self: Guard, target: Target, risky: Check | None) -> Callable[...,
             if not is_risky:
                 # Inline, not in a helper: a frame of its own would cost recursion depth.
                 if GIVE_BACK is None:
-                    return wrapped(*args, **kwargs)
+                    return original(*args, **kwargs)
                 if getattr(GIVE_BACK.running, "call", False):
                     with GIVE_BACK:  # inside another guarded call (see _recursion)
-                        return wrapped(*args, **kwargs)
+                        return original(*args, **kwargs)
                 GIVE_BACK.running.call = True
                 try:
-                    return wrapped(*args, **kwargs)
+                    return original(*args, **kwargs)
                 finally:
                     GIVE_BACK.running.call = False
-        call = Call(target, wrapped, instance, args, kwargs)
+        call = Call(target, original, instance, args, kwargs)
         try:
             return handle(call)
         except GuardError:
@@ -106,7 +106,7 @@ def _library_outcome(call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         raise call.library_error
     if call.has_result:
         return call.result
-    return call.wrapped(*args, **kwargs)
+    return call.original(*args, **kwargs)
 
 
 def _checking_around(self: Guard, target: Target) -> Callable[..., Any]:
@@ -115,35 +115,35 @@ def _checking_around(self: Guard, target: Target) -> Callable[..., Any]:
     before = self.before
 
     def autograd_guard_check_around(
-        wrapped: Callable[..., Any],
+        original: Callable[..., Any],
         instance: Any,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
         if not self.active:
-            return wrapped(*args, **kwargs)
+            return original(*args, **kwargs)
         if DYNAMO.set_eval_frame is not None:  # see autograd_guard_wrapper
             callback = region_callback()
             if callback is not None:
                 return outside(
-                    autograd_guard_check_around, callback, wrapped, instance, args, kwargs
+                    autograd_guard_check_around, callback, original, instance, args, kwargs
                 )
         try:
-            after = before(Call(target, wrapped, instance, args, kwargs))
+            after = before(Call(target, original, instance, args, kwargs))
         except GuardError:
             raise
         except Exception as exc:  # fail open: run the library untouched
             self.fail("check", exc)
             after = None
         if GIVE_BACK is None:
-            result = wrapped(*args, **kwargs)
+            result = original(*args, **kwargs)
         elif getattr(GIVE_BACK.running, "call", False):
             with GIVE_BACK:  # inside another guarded call (see _recursion)
-                result = wrapped(*args, **kwargs)
+                result = original(*args, **kwargs)
         else:
             GIVE_BACK.running.call = True
             try:
-                result = wrapped(*args, **kwargs)
+                result = original(*args, **kwargs)
             finally:
                 GIVE_BACK.running.call = False
         if after is not None:

@@ -27,7 +27,7 @@ class EveryCall(Guard):
     targets = (Target("counted", "work"),)
 
     def handle(self, call):
-        self.intervene(call, "seen", "called")
+        self.report(call, "seen", "called")
         return call.proceed()
 
 

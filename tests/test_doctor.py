@@ -48,9 +48,9 @@ def test_verdicts_say_affected_once():
     guard = GUARD(_policy.load({}, builtin(), environ={}))
     guard.read_version = lambda: None  # a stand-in installed version, no metadata read
     guard.installed_as, guard.version = "warp-lang", "1.5.1"
-    assert guard.verdict()[1] == "warp-lang 1.5.1: affected (>=1.3.0,<1.6.0)"
+    assert guard.needed()[1] == "warp-lang 1.5.1: affected (>=1.3.0,<1.6.0)"
     guard.version = "1.19.0"
-    assert guard.verdict()[1] == "warp-lang 1.19.0: not affected (only >=1.3.0,<1.6.0 are)"
+    assert guard.needed()[1] == "warp-lang 1.19.0: not affected (only >=1.3.0,<1.6.0 are)"
 
 
 def test_doctor_and_check_print_no_event_of_the_guards_own(tmp_path):

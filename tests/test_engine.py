@@ -40,7 +40,7 @@ class ToyGuard(Guard):
     def handle(self, call):
         if self.config["fail_in"] == "before":
             raise KeyError("before broke")
-        if self.intervene(call, "negate", "negative input made positive", value_kind="int"):
+        if self.report(call, "negate", "negative input made positive", value_kind="int"):
             result = call.proceed((-call.args[0], *call.args[1:]))
         else:
             result = call.proceed()
@@ -203,15 +203,16 @@ def test_modes(toy):
 
 
 def test_a_hook_that_raises_does_not_break_the_import(toy, monkeypatch):
-    def broken(self, module, target, late):
+    def broken(self, module, target):
         raise RuntimeError("hook broke")
 
-    monkeypatch.setattr(ToyGuard, "instrument", broken)
+    monkeypatch.setattr(ToyGuard, "_attach", broken)
     autograd_guard.install(policy())
     with capture_events() as events:
         import toy_pkg.core
     assert toy_pkg.core.compute(2) == 4
     assert [e["callsite"] for e in events] == ["patch:RuntimeError"]
+    assert autograd_guard.status()["guards"]["toy"]["state"] == "error"
 
 
 def test_version_gate_reads_metadata(toy, monkeypatch):
@@ -225,7 +226,8 @@ def test_version_gate_reads_metadata(toy, monkeypatch):
     monkeypatch.setattr(ToyGuard, "affected", f"<{installed}")
     autograd_guard.install(policy())
     assert toy_pkg.core.compute is original
-    assert "not needed for packaging" in autograd_guard.status()["guards"]["toy"]["state"]
+    toy = autograd_guard.status()["guards"]["toy"]
+    assert toy["state"] == "not needed" and "for packaging" in toy["detail"]
     autograd_guard.install(policy(force=True))
     assert toy_pkg.core.compute is not original
     monkeypatch.setattr(ToyGuard, "affected", f">={installed}")
@@ -312,12 +314,12 @@ class HookGuard(Guard):
     options = {"fail_in": Option(str, "", choices=("", "import", "uninstall"))}
     calls: list[str] = []
 
-    def _on_import(self, module):
+    def _attach(self, module, target):
         if self.config["fail_in"] == "import":
             raise KeyError("import broke")
         self.calls.append(f"import {module.__name__}")
 
-    def _on_uninstall(self):
+    def _detach(self):
         self.calls.append("uninstall")
         if self.config["fail_in"] == "uninstall":
             raise KeyError("uninstall broke")
@@ -332,14 +334,15 @@ def hook_guard(toy):
 
 
 @pytest.mark.parametrize("imported_first", [False, True])
-def test_a_guard_without_targets_gets_module_imported_and_detach(hook_guard, imported_first):
+def test_a_guard_without_targets_is_attached_and_detached(hook_guard, imported_first):
     if imported_first:
         import toy_pkg.core
     autograd_guard.install({})
     import toy_pkg.core  # noqa: F401
 
     assert hook_guard == ["import toy_pkg.core"]
-    assert autograd_guard.status()["guards"]["toy_hooks"]["state"] == "hooked into toy_pkg.core"
+    toy_hooks = autograd_guard.status()["guards"]["toy_hooks"]
+    assert (toy_hooks["state"], toy_hooks["detail"]) == ("hooked", "into toy_pkg.core")
     autograd_guard.uninstall()
     assert hook_guard == ["import toy_pkg.core", "uninstall"]
 
@@ -366,7 +369,8 @@ def test_a_module_hook_is_gated_on_the_version(hook_guard, monkeypatch):
     import toy_pkg.core  # noqa: F401
 
     assert hook_guard == []
-    assert "not needed for packaging" in autograd_guard.status()["guards"]["toy_hooks"]["state"]
+    toy_hooks = autograd_guard.status()["guards"]["toy_hooks"]
+    assert toy_hooks["state"] == "not needed" and "for packaging" in toy_hooks["detail"]
 
 
 def test_no_cache_folder_without_a_home(monkeypatch, tmp_path):

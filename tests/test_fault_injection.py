@@ -141,7 +141,7 @@ def inject(monkeypatch, guard_class: type[Guard], fault: str) -> None:
 
         monkeypatch.setattr(_versions, "first_installed", lookup)
     elif fault == "hook":
-        monkeypatch.setattr(guard_class, "instrument", boom)
+        monkeypatch.setattr(guard_class, "_attach", boom)
     elif guard_class.before is not Guard.before:  # checks around the call (snapshot_inputs)
         if fault in ("check", "remedy"):
             monkeypatch.setattr(guard_class, "before", boom)
@@ -157,14 +157,14 @@ def inject(monkeypatch, guard_class: type[Guard], fault: str) -> None:
     elif fault == "check":
         monkeypatch.setattr(guard_class, "check_for", lambda self, target: boom)
     elif fault == "remedy":
-        monkeypatch.setattr(guard_class, "handle", boom)
+        monkeypatch.setattr(guard_class, "handler_for", lambda self, target: boom)
     else:
 
-        def proceed_then_fail(self, call):
+        def proceed_then_fail(call):
             call.proceed()
             raise Injected(fault)
 
-        monkeypatch.setattr(guard_class, "handle", proceed_then_fail)
+        monkeypatch.setattr(guard_class, "handler_for", lambda self, target: proceed_then_fail)
 
 
 # Guards without a distribution (application code, user rules) have no version lookup.

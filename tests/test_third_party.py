@@ -18,7 +18,7 @@ class TripleGuard(Guard):
     targets = (Target("thirdtarget", "double"),)
 
     def handle(self, call):
-        if self.intervene(call, "triple", "double() tripled"):
+        if self.report(call, "triple", "double() tripled"):
             return call.proceed() * 3 // 2
         return call.proceed()
 """

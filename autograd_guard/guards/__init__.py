@@ -42,7 +42,11 @@ def available(environ: Mapping[str, str] | None = None) -> list[type[Guard]]:
 
 
 def register(guard: type[Guard]) -> None:
-    """Add a guard class (takes effect at the next ``install``)."""
+    """Add a guard class (takes effect at the next ``install``); ``TypeError`` where it
+    breaks the guard contract."""
+    from autograd_guard import _guard_contract
+
+    _guard_contract.check(guard)
     if guard not in STATE.registered:
         STATE.registered.append(guard)
 
@@ -82,6 +86,7 @@ def third_party(taken: set[str], environ: Mapping[str, str] | None = None) -> li
 
 
 def _load(name: str, value: str) -> type[Guard]:
+    from autograd_guard import _guard_contract
     from autograd_guard._guard import Guard
 
     module_name, _, attribute = value.partition(":")
@@ -93,6 +98,7 @@ def _load(name: str, value: str) -> type[Guard]:
         raise TypeError(f"{value} is not an autograd_guard Guard subclass")
     if loaded.name != name:
         raise ValueError(f"entry point {name!r} loads a guard named {loaded.name!r}")
+    _guard_contract.check(loaded)
     return loaded
 
 

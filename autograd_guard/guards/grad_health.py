@@ -34,13 +34,14 @@ from autograd_guard._grad_compile import EagerHooks
 from autograd_guard._grad_flow import StepFlow
 from autograd_guard._grad_probe import BackwardProbe
 from autograd_guard._grad_record import Record, Records
-from autograd_guard._guard import Guard, GuardError, Option
-from autograd_guard._wrapper import find_callsite
+from autograd_guard.guard import Guard, Option, find_callsite
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, NoReturn
+
+    from autograd_guard.guard import Target
 
 NONFINITE_REMEDY = (
     "make the op named by the nonfinite_origin event safe for gradients (sqrt(x + eps), "
@@ -103,7 +104,7 @@ class GradHealth(StepFlow, Guard):
         self._named: set[tuple[str, str]] = set()  # (action, call site) named already
         self._probe_lock = threading.Lock()
 
-    def _on_import(self, module: ModuleType) -> None:
+    def _attach(self, module: ModuleType, target: Target | None) -> None:
         from autograd_guard import _importer
 
         self._hooks.register(module, self._before_step, self._after_step)
@@ -115,7 +116,7 @@ class GradHealth(StepFlow, Guard):
         except Exception as exc:  # fail open: the hooks run as they are
             self.fail("hook", exc)
 
-    def _on_uninstall(self) -> None:
+    def _detach(self) -> None:
         self._hooks.remove()
         for record in self._records.all():
             if record.window is not None:
@@ -158,11 +159,12 @@ class GradHealth(StepFlow, Guard):
         note = "; the weights had already been updated by its earlier evaluations" if moved else ""
         event = f"{what} was stopped before the weights changed{note}"
         hint = " (observe or fix also name the backward op and the forward line)"
-        self.emit(
-            event, action="nonfinite_gradient", callsite=site, level="error", parameters=names
-        )
-        raise GuardError(
-            f"autograd-guard [{self.name}] at {site}: {event}. Remedy: {NONFINITE_REMEDY}{hint}"
+        self.refuse(
+            event,
+            action="nonfinite_gradient",
+            callsite=site,
+            remedy=NONFINITE_REMEDY + hint,
+            parameters=names,
         )
 
     def _names(self, action: str, site: str, params: list[Any]) -> list[str] | None:

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import sys
 
-from autograd_guard import _compiled
-from autograd_guard._guard import Call, Guard, Target
 from autograd_guard._inference_clones import InferenceClones
 from autograd_guard._resumable import NO_CONTEXT, GradModes, resume_each_time_under
 from autograd_guard._state import STATE
+from autograd_guard.guard import Call, Guard, Target, remedy_report, traceable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,13 +39,13 @@ class GradMode(Guard):
     remedy = "call the stage inside 'with torch.enable_grad():' and outside torch.inference_mode()"
     rule_action = "enable_grad"
 
-    def _targets(self) -> Iterable[Target]:
+    def _targets_to_wrap(self) -> Iterable[Target]:
         return [
             Target(rule.module, rule.qualname, rule=f"{rule.origin}: {rule.key}")
             for rule in self.policy.rules_for("enable_grad")
         ]
 
-    def check_for(self, target: Target) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], bool]:
+    def _check_for(self, target: Target) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], bool]:
         # A generator or coroutine runs its body at each resume, not at the call: every
         # call is handled, and the modes are checked at each resume.
         if _resumable(target) is not None:
@@ -81,13 +80,11 @@ class GradMode(Guard):
     def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
         if _resumable(target) is not None:
             return None  # a generator or coroutine under torch.compile: run it eagerly
-        return _compiled.traceable(
+        return traceable(
             _grad_mode_traced,
             torch=sys.modules["torch"],
             original=original,
-            report=_compiled.remedy_report(
-                self, target, "enable_grad", "stage entered with grad off"
-            ),
+            report=remedy_report(self, target, "enable_grad", "stage entered with grad off"),
             fix=self.mode == "fix",
         )
 
@@ -95,7 +92,7 @@ class GradMode(Guard):
         torch = sys.modules["torch"]
         cause = "inference mode" if torch.is_inference_mode_enabled() else "grad disabled"
         done = "re-enabled" if self.mode == "fix" else "needed"
-        return self.intervene(
+        return self.report(
             call,
             "enable_grad",
             f"stage entered with {cause}; grad {done}",

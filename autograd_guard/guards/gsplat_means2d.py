@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 
-from autograd_guard._guard import Call, Guard, Target
+from autograd_guard.guard import Call, Guard, Target
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -71,24 +71,17 @@ class GsplatMeans2d(Guard):
         # user's code retained the gradient before backward().
         if means2d is None or grad is None or means2d.retains_grad:
             return
-        fields: dict[str, Any] = {
-            "action": "retain_grad",
-            "callsite": callsite,
-            "target": "gsplat.rendering:rasterization",
-            "shape": list(means2d.shape),
-        }
-        if self.mode == "strict":
-            self.refuse(
-                "meta['means2d'] gradient lost in backward(): retain_grad() was not called on it",
-                **fields,
-            )
-        fixed = self.mode == "fix"
-        self.emit(
-            "meta['means2d'] gradient would be lost in backward() (retain_grad() was not "
-            "called on it)" + ("; kept in .grad as retain_grad() would" if fixed else ""),
-            **fields,
-        )
-        if fixed:
+        lost = "retain_grad() was not called on it"
+        if self.report(
+            callsite,
+            "retain_grad",
+            f"meta['means2d'] gradient would be lost in backward() ({lost}); kept in .grad "
+            "as retain_grad() would"
+            if self.mode == "fix"
+            else f"meta['means2d'] gradient lost in backward(): {lost}",
+            target="gsplat.rendering:rasterization",
+            shape=list(means2d.shape),
+        ):
             _retain(means2d, grad)
 
 

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import sys
 
-from autograd_guard import _compiled
 from autograd_guard._cpu_rerun import in_reference_run, max_differences, rerun_on_cpu, tensors
-from autograd_guard._guard import Call, Guard, Option, Target
+from autograd_guard.guard import Call, Guard, Option, Target, remedy_report, traceable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,14 +27,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 IPEX = "intel_extension_for_pytorch"
-DROPOUTS = (
-    "dropout",
-    "dropout1d",
-    "dropout2d",
-    "dropout3d",
-    "alpha_dropout",
-    "feature_alpha_dropout",
-)
+# The dropout functions, by their ``training`` default (the same in every torch).
+DROPOUTS = ("dropout", "dropout1d", "dropout2d", "dropout3d")
+DROPOUTS_OFF_BY_DEFAULT = ("alpha_dropout", "feature_alpha_dropout")
 
 
 class IpexXpu(Guard):
@@ -67,27 +61,44 @@ class IpexXpu(Guard):
         self._forwards: dict[str, int] = {}
         self._checks: dict[str, int] = {}
 
-    def _targets(self) -> Iterable[Target]:
+    def _targets_to_wrap(self) -> Iterable[Target]:
         targets = []
         if self.config["dropout"]:
-            targets += [Target("torch.nn.functional", name, after=IPEX) for name in DROPOUTS]
+            remedy = {"handle": "_dropout", "traced": "_traced_dropout"}
+            targets += [
+                Target("torch.nn.functional", name, after=IPEX, check="_dropout_check", **remedy)
+                for name in DROPOUTS
+            ]
+            targets += [
+                Target("torch.nn.functional", name, after=IPEX, check="_alpha_check", **remedy)
+                for name in DROPOUTS_OFF_BY_DEFAULT
+            ]
         if self.config["bicubic"]:
-            targets.append(Target("torch.nn.functional", "interpolate", after=IPEX))
+            targets.append(
+                Target(
+                    "torch.nn.functional",
+                    "interpolate",
+                    after=IPEX,
+                    check="_bicubic_check",
+                    handle="_bicubic",
+                    traced="_traced_bicubic",
+                )
+            )
         for name in self.config["crosscheck"]:
             module, _, cls = name.partition(":")
             # Called through torch's Module.__call__: the call site is the model's caller.
-            targets.append(Target(module, f"{cls}.forward", after=IPEX, skip=("torch",)))
+            # Not traced: the re-run is eager (a graph break under torch.compile).
+            targets.append(
+                Target(
+                    module,
+                    f"{cls}.forward",
+                    after=IPEX,
+                    skip=("torch",),
+                    check="_forward_check",
+                    handle="_crosscheck",
+                )
+            )
         return targets
-
-    def check_for(self, target: Target) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], bool]:
-        if target.qualname == "interpolate":
-            return self._bicubic_check
-        if target.qualname.endswith(".forward"):
-            return self._forward_check
-        # alpha_dropout and feature_alpha_dropout default to training=False
-        default = _training_default(getattr(sys.modules[target.module], target.qualname))
-        check = self._dropout_check
-        return lambda instance, args, kwargs: check(instance, args, kwargs, default)
 
     def _on_device(self, tensor: Any) -> bool:
         device = getattr(tensor, "device", None)
@@ -95,30 +106,23 @@ class IpexXpu(Guard):
 
     # -- under torch.compile ----------------------------------------------------------
 
-    def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
-        if target.qualname.endswith(".forward"):
-            return None  # the cross-check re-runs eagerly: a graph break
-        state = {
+    def _traceable_state(self, original: Callable[..., Any]) -> dict[str, Any]:
+        return {
             "torch": sys.modules["torch"],
             "original": original,
             "devices": tuple(self._devices),
             "fix": self.mode == "fix",
         }
-        if target.qualname == "interpolate":
-            what = "bicubic computed on the CPU"
-            report = _compiled.remedy_report(self, target, "bicubic_on_cpu", what)
-            return _compiled.traceable(_interpolate_traced, report=report, **state)
-        what = "dropout skipped in inference"
-        report = _compiled.remedy_report(self, target, "dropout_identity", what)
-        default = _training_default(original)
-        return _compiled.traceable(_dropout_traced, report=report, default=default, **state)
 
     # -- dropout ---------------------------------------------------------------------
 
-    def _dropout_check(
-        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], default: bool
-    ) -> bool:
-        training = kwargs.get("training", args[2] if len(args) > 2 else default)
+    def _alpha_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        if "training" not in kwargs and len(args) < 3:
+            return False  # training defaults to False here
+        return self._dropout_check(instance, args, kwargs)
+
+    def _dropout_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        training = kwargs.get("training", args[2] if len(args) > 2 else True)
         if not training:
             return False
         torch = sys.modules["torch"]
@@ -127,7 +131,7 @@ class IpexXpu(Guard):
 
     def _dropout(self, call: Call) -> Any:
         tensor = call.argument("input", 0)
-        if self.intervene(
+        if self.report(
             call,
             "dropout_identity",
             f"{call.target.qualname}(training=True) in inference on "
@@ -136,6 +140,15 @@ class IpexXpu(Guard):
         ):
             return tensor
         return call.proceed()
+
+    def _traced_dropout(
+        self, target: Target, original: Callable[..., Any]
+    ) -> Callable[..., Any] | None:
+        what = "dropout skipped in inference"
+        report = remedy_report(self, target, "dropout_identity", what)
+        default = target.qualname not in DROPOUTS_OFF_BY_DEFAULT
+        state = self._traceable_state(original)
+        return traceable(_dropout_traced, report=report, default=default, **state)
 
     # -- bicubic -----------------------------------------------------------------------
 
@@ -150,7 +163,7 @@ class IpexXpu(Guard):
 
     def _bicubic(self, call: Call) -> Any:
         tensor = call.argument("input", 0)
-        if not self.intervene(
+        if not self.report(
             call,
             "bicubic_on_cpu",
             f"bicubic interpolation with scale_factor on {tensor.device.type}: computed on the CPU",
@@ -159,6 +172,13 @@ class IpexXpu(Guard):
             return call.proceed()
         call.replace("input", 0, tensor.cpu())
         return call.proceed().to(tensor.device)
+
+    def _traced_bicubic(
+        self, target: Target, original: Callable[..., Any]
+    ) -> Callable[..., Any] | None:
+        what = "bicubic computed on the CPU"
+        report = remedy_report(self, target, "bicubic_on_cpu", what)
+        return traceable(_interpolate_traced, report=report, **self._traceable_state(original))
 
     # -- cross-check ---------------------------------------------------------------------
 
@@ -188,30 +208,24 @@ class IpexXpu(Guard):
             else f"{name} on the device matches a CPU re-run"
         )
         fields = {
-            "target": str(call.target),
             "max_abs_diff": abs_diff,
             "max_rel_diff": rel_diff,
             "atol": atol,
             "rtol": rtol,
             "check": self._checks[name],
         }
-        if diverged and self.mode == "strict":
-            self.refuse(event, action="crosscheck", callsite=call.callsite, **fields)
-        self.emit(
-            event,
-            action="crosscheck",
-            callsite=call.callsite,
-            level="warning" if diverged else "info",
-            **fields,
-        )
+        if diverged:
+            self.report(call, "crosscheck", event, **fields)
+        else:
+            self.emit(
+                event,
+                action="crosscheck",
+                callsite=call.callsite,
+                target=str(call.target),
+                level="info",
+                **fields,
+            )
         return result
-
-    def handle(self, call: Call) -> Any:
-        if call.target.qualname == "interpolate":
-            return self._bicubic(call)
-        if call.target.qualname.endswith(".forward"):
-            return self._crosscheck(call)
-        return self._dropout(call)
 
 
 compiled: Any = None  # the state of each traceable copy of the two functions below
@@ -241,16 +255,6 @@ def _interpolate_traced(*args: Any, **kwargs: Any) -> Any:
     if "input" in kwargs:
         return compiled.original(*args, **{**kwargs, "input": tensor.cpu()}).to(tensor.device)
     return compiled.original(tensor.cpu(), *args[1:], **kwargs).to(tensor.device)
-
-
-def _training_default(function: Callable[..., Any]) -> Any:
-    """The default of a dropout function's ``training`` (``alpha_dropout``'s is False)."""
-    import inspect
-
-    try:
-        return inspect.signature(function).parameters["training"].default
-    except (KeyError, TypeError, ValueError):
-        return True
 
 
 GUARD = IpexXpu

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from autograd_guard._guard import Call, Guard, Option, Target
+from autograd_guard.guard import Call, Guard, Option, Target
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class PyTorch3DTaubin(Guard):
 
     def _redirect(self, call: Call, meshes: Any, action: str, reason: str) -> bool:
         verts = meshes.verts_packed()
-        return self.intervene(
+        return self.report(
             call,
             action,
             f"taubin_smoothing sent down the dense path: {reason}",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from autograd_guard._guard import Call, Guard, Option, Target
+from autograd_guard.guard import Call, Guard, Option, Snapshot, Target
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class SnapshotInputs(Guard):
         self._exempt: dict[Target, frozenset[int | str]] = {}
         self._tensor_type: Any = None
 
-    def _targets(self) -> Iterable[Target]:
+    def _targets_to_wrap(self) -> Iterable[Target]:
         return list(self._rules)
 
     def before(self, call: Call) -> Callable[[], None] | None:
@@ -107,8 +107,6 @@ class SnapshotInputs(Guard):
             self._rules[call.target]["check"] = "data"  # so that later calls can be restored
 
     def _by_data(self, call: Call, rule: dict[str, Any], watched: Watched) -> Callable[[], None]:
-        from autograd_guard._snapshot import Snapshot
-
         size = sum(t.numel() * t.element_size() for _, t in watched)
         if size > rule["max_bytes"]:
             self.emit(
@@ -150,22 +148,7 @@ class SnapshotInputs(Guard):
             event += '; not restored: set check = "data" on this rule to restore such writes' + (
                 " (done for its later calls)" if self.mode == "fix" else ""
             )
-        if self.mode == "strict":
-            self.refuse(
-                event,
-                action="input_modified",
-                callsite=call.callsite,
-                target=str(call.target),
-                changes=changes,
-            )
-        self.emit(
-            event,
-            action="input_modified",
-            callsite=call.callsite,
-            target=str(call.target),
-            changes=changes,
-            restored=restored,
-        )
+        self.report(call, "input_modified", event, changes=changes, restored=restored)
 
     def _inputs(self, call: Call) -> Watched:
         """The caller's tensor arguments (position or keyword), less the declared outputs."""
@@ -210,7 +193,7 @@ class SnapshotInputs(Guard):
             import inspect
 
             try:
-                names = list(inspect.signature(call.wrapped).parameters)
+                names = list(inspect.signature(call.original).parameters)
             except (TypeError, ValueError):
                 names = []
             self._parameters[call.target] = names

@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import sys
 
-from autograd_guard._call import argument
-from autograd_guard._guard import Call, Guard, Option, Target
+from autograd_guard.guard import Call, Guard, Option, Snapshot, Target, argument
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from types import ModuleType
     from typing import Any
 
@@ -47,10 +45,16 @@ class WarpTorchArgs(Guard):
         "or upgrade warp-lang to 1.6 or later"
     )
     targets = (
-        Target("warp.context", "launch", aliases=("warp:launch",)),  # up to 1.12
-        Target("warp._src.context", "launch", aliases=("warp:launch",)),  # 1.10 and later
-        Target("warp.tape", "Tape.backward"),
-        Target("warp._src.tape", "Tape.backward"),
+        # wp.launch: up to 1.12 in warp.context, from 1.10 in warp._src.context
+        *(
+            Target(module, "launch", aliases=("warp:launch",), check="_launch_check")
+            for module in ("warp.context", "warp._src.context")
+        ),
+        # Tape.backward, for the snapshot action
+        *(
+            Target(module, "Tape.backward", check="_backward_check", handle="_backward")
+            for module in ("warp.tape", "warp._src.tape")
+        ),
     )
     options = {
         "action": Option(
@@ -67,15 +71,12 @@ class WarpTorchArgs(Guard):
         self._writes_into_tensors = False  # the installed version is affected
 
     def _needed(self) -> bool:
-        return self._bridge or self.version_affected()
+        return self._bridge or self.is_affected()
 
-    def _on_instrument(self, module: ModuleType, target: Target) -> None:
-        self._writes_into_tensors = self.version_affected()  # without bridge_grads
-        if target.qualname == "launch" and (self._context is None or "_src" in module.__name__):
+    def _attach(self, module: ModuleType, target: Target | None) -> None:
+        self._writes_into_tensors = self.is_affected()  # without bridge_grads
+        if hasattr(module, "runtime") and (self._context is None or "_src" in module.__name__):
             self._context = module  # holds `runtime`, whose `tape` records launches
-
-    def check_for(self, target: Target) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], bool]:
-        return self._backward_check if target.qualname == "Tape.backward" else self._launch_check
 
     # -- wp.launch -------------------------------------------------------------------
 
@@ -113,8 +114,6 @@ class WarpTorchArgs(Guard):
         return bool(argument(args, kwargs, "record_tape", RECORD_TAPE, True))
 
     def handle(self, call: Call) -> Any:
-        if call.target.qualname == "Tape.backward":
-            return self._backward(call)
         torch, warp = sys.modules["torch"], sys.modules["warp"]
         kernel = call.argument("kernel", 0)
         params = kernel.adj.args
@@ -146,7 +145,7 @@ class WarpTorchArgs(Guard):
         # Converted first, logged after: an event only names the tensors that were bridged.
         converted = _converted(warp, arguments, bridge, requires_grad=True)
         names = [param.label for _, param, _ in converted]
-        if converted and self.intervene(
+        if converted and self.report(
             call,
             "bridge_grads",
             f"torch tensors {names} require grad: given a Warp gradient with wp.from_torch",
@@ -172,7 +171,7 @@ class WarpTorchArgs(Guard):
         if self.mode != "fix":
             remedy = remedy.replace("converted", "would be converted")
         names = [p.label for _, p, _ in done]
-        if not self.intervene(
+        if not self.report(
             call,
             action,
             f"torch tensors {names} passed to wp.launch under a Tape would be "
@@ -217,8 +216,6 @@ class WarpTorchArgs(Guard):
         return self._protected is not None and instance in self._protected
 
     def _backward(self, call: Call) -> Any:
-        from autograd_guard._snapshot import Snapshot
-
         # Copy when backward starts: changes the caller made since the launch are kept.
         snapshot = Snapshot()
         for name, tensor in self._protected.get(call.instance, ()):

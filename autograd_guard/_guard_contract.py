@@ -1,0 +1,143 @@
+"""Every guard class is checked against the contract when it is loaded (as pluggy's
+``_verify_hook``): its declarations, its hooks' signatures, and the methods its targets
+name. A mistake is a ``TypeError`` naming the guard, the attribute and what is allowed,
+at load time, instead of a hook that is silently never called.
+
+Cheap on purpose (attribute and code-object reads, no ``inspect``, no ``packaging``): the
+built-in guards are checked at every start.
+"""
+
+from __future__ import annotations
+
+import re
+
+from autograd_guard._call import Target
+from autograd_guard._options import Option
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from autograd_guard._guard import Guard
+
+# The hooks a guard may override, with their parameters after ``self``.
+HOOKS = {
+    "risky": ("instance", "args", "kwargs"),
+    "handle": ("call",),
+    "before": ("call",),
+    "_targets_to_wrap": (),
+    "_needed": (),
+    "_attach": ("module", "target"),
+    "_detach": (),
+    "_check_for": ("target",),
+    "_handler_for": ("target",),
+    "_traced": ("target", "original"),
+}
+# What a target's own methods take, by the Target field that names them.
+TARGET_METHODS = {"check": HOOKS["risky"], "handle": HOOKS["handle"], "traced": HOOKS["_traced"]}
+# Hooks of the earlier contract, which the engine no longer calls.
+RENAMED = {
+    "_targets": "_targets_to_wrap",
+    "_on_instrument": "_attach",
+    "_on_import": "_attach",
+    "_on_uninstall": "_detach",
+    "instrument": "attach",
+    "module_imported": "attach",
+    "verdict": "needed",
+    "version_affected": "is_affected",
+    "intervene": "report",
+}
+# One clause of a PEP 440 version specifier ("<2.1.30", ">=1.3.0", "==1.*").
+SPECIFIER_CLAUSE = re.compile(r"\s*(~=|===|==|!=|<=|>=|<|>)\s*[0-9A-Za-z.*+!_-]+\s*")
+VARARGS = 0x04  # CO_VARARGS
+
+
+def check(guard: type[Guard]) -> None:
+    """Raise ``TypeError`` where ``guard`` breaks the contract (the first problem found)."""
+    from autograd_guard._guard import Guard
+
+    where = f"guard {guard.__module__}.{guard.__qualname__}"
+    _declarations(guard, where)
+    for old, new in RENAMED.items():
+        if getattr(guard, old, None) is not getattr(Guard, old, None):
+            raise TypeError(f"{where}: {old!r} is no longer called; override {new!r} instead")
+    for hook, parameters in HOOKS.items():
+        if getattr(guard, hook) is not getattr(Guard, hook):
+            _signature(guard, hook, parameters, where)
+    for target in guard.targets:
+        _target_methods(guard, target, where)
+
+
+def check_targets(guard: Guard, targets: list[Target]) -> None:
+    """The targets a guard computes at install time (``_targets_to_wrap``)."""
+    where = f"guard {type(guard).__module__}.{type(guard).__qualname__}"
+    for target in targets:
+        if not isinstance(target, Target):
+            raise TypeError(f"{where}: _targets_to_wrap() returned {target!r}, not a Target")
+        _target_methods(type(guard), target, where)
+
+
+def _declarations(guard: type[Guard], where: str) -> None:
+    if not (isinstance(guard.name, str) and guard.name.isidentifier()):
+        raise TypeError(f"{where}: name {guard.name!r} must be an identifier (a policy key)")
+    distribution = guard.distribution
+    names = (distribution,) if isinstance(distribution, str) else distribution or ()
+    if not isinstance(names, tuple) or not all(isinstance(n, str) and n for n in names):
+        raise TypeError(
+            f"{where}: distribution {distribution!r} must be None, a name or a tuple of names"
+        )
+    affected = guard.affected
+    if not isinstance(affected, str) or not all(
+        SPECIFIER_CLAUSE.fullmatch(clause) for clause in affected.split(",") if affected
+    ):
+        raise TypeError(
+            f"{where}: affected {affected!r} must be a version specifier such as "
+            "'>=1.3,<1.6' ('' for every version)"
+        )
+    for attribute in ("symptom", "upstream", "remedy", "rule_action"):
+        _expect(guard, attribute, str, "a string", where)
+    _expect(guard, "targets", tuple, "a tuple of Target", where, Target)
+    _expect(guard, "modules", tuple, "a tuple of module names", where, str)
+    for attribute in ("options", "rule_options"):
+        table = getattr(guard, attribute)
+        if not isinstance(table, dict) or not all(
+            isinstance(k, str) and isinstance(v, Option) for k, v in table.items()
+        ):
+            raise TypeError(f"{where}: {attribute} must be a dict of name -> Option")
+
+
+def _expect(
+    guard: type[Guard], attribute: str, kind: type, allowed: str, where: str, item: Any = None
+) -> None:
+    value = getattr(guard, attribute)
+    members: Any = value if isinstance(value, kind) else None  # isinstance narrows to object
+    if members is None or (item and not all(isinstance(v, item) for v in members)):
+        raise TypeError(f"{where}: {attribute} is {value!r}; it must be {allowed}")
+
+
+def _signature(guard: type[Guard], name: str, parameters: tuple[str, ...], where: str) -> None:
+    """``name`` takes ``self`` and ``parameters`` (by position; ``*args`` accepts any)."""
+    function = getattr(guard, name)
+    if not callable(function):
+        raise TypeError(f"{where}: {name} is {function!r}, not a method")
+    code = getattr(function, "__code__", None)
+    if code is None or code.co_flags & VARARGS:
+        return  # a builtin or a C function: nothing to read cheaply
+    taken = code.co_argcount - len(function.__defaults__ or ())
+    if not taken <= 1 + len(parameters) <= code.co_argcount:
+        expected = ", ".join(("self", *parameters))
+        found = ", ".join(code.co_varnames[: code.co_argcount])
+        raise TypeError(f"{where}: {name}({found}) must take ({expected})")
+
+
+def _target_methods(guard: type[Guard], target: Target, where: str) -> None:
+    for field, parameters in TARGET_METHODS.items():
+        method = getattr(target, field)
+        if method is None:
+            continue
+        if not isinstance(method, str) or not hasattr(guard, method):
+            raise TypeError(
+                f"{where}: target {target} names {field}={method!r}, which is not a method "
+                "of the guard"
+            )
+        _signature(guard, method, parameters, where)
