@@ -12,6 +12,9 @@ import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from typing import Literal
+
+    Mode = Literal["off", "observe", "fix", "strict"]  # what a guard does at a risky call
 
 AUTOGRAD_GUARD = "AUTOGRAD_GUARD"
 """``1``/``on``/``true``/``yes``: on, with the policy's modes; ``observe``, ``fix``,
@@ -37,7 +40,7 @@ VARIABLES = (
     AUTOGRAD_GUARD_CACHE,
 )
 
-MODES = ("off", "observe", "fix", "strict")
+MODES: tuple[Mode, ...] = ("off", "observe", "fix", "strict")
 LOG_KEYWORDS = ("stderr", "logging")  # in any case; any other value is a file path
 OFF_VALUES = frozenset({"", "0", "off", "false", "no"})
 ON_VALUES = frozenset({"1", "true", "on", "yes"})
@@ -57,10 +60,17 @@ def switch(environ: Mapping[str, str] | None = None) -> str:
     return _read(environ, AUTOGRAD_GUARD).lower()
 
 
-def mode_override(environ: Mapping[str, str] | None = None) -> str | None:
+def as_mode(value: object) -> Mode | None:
+    """``value`` as a mode, where it names one (the typed reading of a mode)."""
+    for mode in MODES:
+        if value == mode:
+            return mode
+    return None
+
+
+def mode_override(environ: Mapping[str, str] | None = None) -> Mode | None:
     """The mode ``AUTOGRAD_GUARD`` imposes on every guard, if it names one."""
-    value = switch(environ)
-    return value if value in MODES else None
+    return as_mode(switch(environ))
 
 
 def disabled(environ: Mapping[str, str] | None = None) -> set[str]:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from autograd_guard._environment import Mode
     from autograd_guard._grad_check import FiniteCheck, Slot
     from autograd_guard._grad_compile import EagerHooks
     from autograd_guard._grad_probe import BackwardProbe
@@ -39,7 +40,7 @@ class StepFlow:
     """What runs at each optimizer step (``GradHealth`` provides the state and reports)."""
 
     active: bool
-    mode: str
+    mode: Mode
     config: dict[str, Any]
     _records: Records
     _finite: FiniteCheck

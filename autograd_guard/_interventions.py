@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from typing import Any, ClassVar, NoReturn
 
     from autograd_guard._call import Call
+    from autograd_guard._environment import Mode
 
 
 class Interventions:
@@ -20,7 +21,7 @@ class Interventions:
 
     name: ClassVar[str] = ""
     remedy: ClassVar[str] = ""
-    mode: str
+    mode: Mode
     version: str | None
 
     def report(

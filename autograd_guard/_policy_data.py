@@ -9,6 +9,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from autograd_guard._environment import Mode
+
 
 class GuardSettings:
     """What the policy says about one guard."""
@@ -18,7 +20,7 @@ class GuardSettings:
     def __init__(self, name: str, options: dict[str, Any]) -> None:
         self.name = name
         self.enabled = True
-        self.mode: str | None = None
+        self.mode: Mode | None = None
         self.force = False
         self.options = options
 
@@ -57,7 +59,7 @@ class Policy:
     def __init__(
         self,
         source: str,
-        mode: str,
+        mode: Mode,
         log: str | None,
         disabled: set[str],
         guards: dict[str, GuardSettings],
@@ -69,13 +71,13 @@ class Policy:
         self.disabled = disabled
         self.guards = guards
         self.rules = rules
-        self.env_mode: str | None = None
+        self.env_mode: Mode | None = None
         self.log_source = "AUTOGRAD_GUARD_LOG"  # where ``log`` was set, for messages
         self.files: list[str] = []  # the policy files read, ``extends`` included
         # Setup mistakes that leave the policy usable (an unknown guard to disable).
         self.warnings: list[PolicyError] = []
 
-    def mode_for(self, guard: str) -> str:
+    def mode_for(self, guard: str) -> Mode:
         """The mode that applies to ``guard``: off, observe, fix or strict."""
         settings = self.guards.get(guard)
         if "*" in self.disabled or guard in self.disabled:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from autograd_guard import _environment, _policy_files
-from autograd_guard._environment import LOG_KEYWORDS, MODES
+from autograd_guard._environment import LOG_KEYWORDS, MODES, as_mode
 from autograd_guard._options import MAX_LIST, MAX_STRING, Option, short
 from autograd_guard._policy_data import GuardSettings, Policy, Rule
 from autograd_guard.errors import PolicyError, Problems, closest
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
+    from autograd_guard._environment import Mode
     from autograd_guard._guard import Guard
 
 TOP_LEVEL_KEYS = ("extends", "mode", "log", "disable", "guards", "rules")
@@ -55,7 +56,7 @@ def build(
         base = Policy(source, "fix", None, set(), _default_settings(guards), [])
     base.source = source
     if "mode" in data:
-        base.mode = problems.attempt(_choice, source, "mode", data["mode"], MODES) or base.mode
+        base.mode = problems.attempt(_mode, source, "mode", data["mode"]) or base.mode
     if "log" in data:
         log = problems.attempt(_log_destination, source, data["log"])
         if log is not None:
@@ -157,7 +158,7 @@ def _merge_guard(
         elif option == "force":
             settings.force = bool(problems.attempt(Option(bool, False).check, source, where, value))
         elif option == "mode":
-            settings.mode = problems.attempt(_choice, source, where, value, MODES) or settings.mode
+            settings.mode = problems.attempt(_mode, source, where, value) or settings.mode
         elif option in guard.options:
             checked = problems.attempt(guard.options[option].check, source, where, value)
             if checked is not None:
@@ -254,7 +255,7 @@ def apply_environment(
     warning, not an error: the other guards keep running."""
     value = _environment.switch(environ)
     if value in MODES:
-        policy.env_mode = value
+        policy.env_mode = as_mode(value)
     elif value not in _environment.ON_VALUES | _environment.OFF_VALUES:
         problems.add(
             _environment.AUTOGRAD_GUARD,
@@ -292,3 +293,7 @@ def _check_keys(
 
 def _choice(source: str, key: str, value: Any, choices: Iterable[str]) -> str:
     return str(Option(str, None, choices=tuple(choices)).check(source, key, value))
+
+
+def _mode(source: str, key: str, value: Any) -> Mode:
+    return as_mode(_choice(source, key, value, MODES)) or "off"  # _choice raises first
