@@ -7,6 +7,7 @@ differences: dropout modules left in training mode (TripoSR never calls ``.eval(
 and ``F.interpolate(mode="bicubic", scale_factor=...)``, whose ``scale_factor`` the XPU
 kernel ignored before 2.1.30 (IPEX #3759, #3892).
 Affected: intel-extension-for-pytorch below 2.1.30 (``2.1.20+xpu`` included).
+Upstream: intel/intel-extension-for-pytorch#579.
 Remedy: on the affected devices, a training-mode dropout under no_grad or inference mode
 is the identity (the inference of a model never put in eval mode), and bicubic
 interpolation with a scale factor is computed on the CPU and moved back. Opt-in: every

@@ -7,6 +7,7 @@ runs, but the gradient with respect to the sparse matrix is a dense V x V tensor
 ``ico_sphere(5)`` takes ~20 s and ``ico_sphere(7)`` would need ~107 GB. float64
 vertices fail on every version ("expected scalar type Float but found Double").
 Affected: every PyTorch3D version (the code is unchanged at HEAD).
+Upstream: facebookresearch/pytorch3d#1804.
 Remedy: route such calls through ``autograd_guard.taubin.taubin_smoothing``, the same
 math on dense tensors, O(E), differentiable twice; a known sparse or dtype error from
 the original is retried there too.
