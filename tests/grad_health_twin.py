@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from helpers import assert_attached
 
 import autograd_guard
 from autograd_guard.testing import capture_events
@@ -21,11 +22,13 @@ def twin(
     program: Callable[[], Outcome], policy: dict[str, Any] | None = None, canary: bool = True
 ) -> tuple[Outcome, Outcome, list[dict[str, Any]]]:
     """``program()`` unguarded, then guarded with ``policy``; the guarded run's events.
-    With ``canary``, a NaN step after the guarded run proves that the guard was on."""
+    The guarded run starts once grad_health is hooked into torch's optimizers; with
+    ``canary``, a NaN step after it proves that the guard was on."""
     torch.manual_seed(0)
     bare = program()
     autograd_guard.install(policy or {})
     try:
+        assert_attached("grad_health", "torch.optim.optimizer")
         with capture_events() as events:
             torch.manual_seed(0)
             guarded = program()

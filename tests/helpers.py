@@ -1,11 +1,12 @@
-"""What several test modules share: the checkout's root, a Unique3D-like stage, and a
-child interpreter runner."""
+"""What several test modules share: the checkout's root, a Unique3D-like stage, a child
+interpreter runner, and the check that a guard is attached before a test asserts silence."""
 
 from __future__ import annotations
 
 import subprocess
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import wheelenv
 
@@ -31,6 +32,40 @@ def run_python(
             f"child failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
         )
     return result
+
+
+def guard_state(guard: str, status: dict[str, Any] | None = None) -> str:
+    """Where ``guard`` stands, in words ("patched", "hooked into torch.optim.optimizer",
+    "not needed for warp-lang 1.19.0", ...), from ``status``: a child interpreter's
+    ``autograd_guard.status()``; this process's by default."""
+    if status is None:
+        import autograd_guard
+
+        status = autograd_guard.status()
+    assert status["installed"], f"autograd-guard is not installed: {status}"
+    row = status["guards"].get(guard)
+    assert row is not None, f"no guard {guard!r}: {sorted(status['guards'])}"
+    return " ".join(part for part in (row["state"], row.get("detail")) if part)
+
+
+def assert_attached(guard: str, *places: str, status: dict[str, Any] | None = None) -> None:
+    """``guard`` is attached: it patched its targets, ``places`` among them (``module:qualname``
+    as ``status()`` lists them), or, for a guard that wraps nothing (grad_health), it hooked
+    into the module ``places`` names. A test that asserts no event calls this first, so that
+    it cannot pass because nothing was guarded. ``status`` as for ``guard_state``."""
+    if status is None:
+        import autograd_guard
+
+        status = autograd_guard.status()
+    state = guard_state(guard, status)
+    if state.startswith("hooked into "):  # wraps nothing: hooked into a module
+        attached = [state.removeprefix("hooked into ")]
+    else:
+        assert state == "patched", f"{guard} is not attached: {state}"
+        attached = status["guards"][guard]["patched"]
+    assert attached, f"{guard} is patched nowhere"
+    missing = [place for place in places if place not in attached]
+    assert not missing, f"{guard} is not attached at {missing}, only at {attached}"
 
 
 STAGE_SOURCE = """

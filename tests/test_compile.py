@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import ipex_standin
+from helpers import assert_attached, ipex_standin
 
 import autograd_guard
 from autograd_guard import _compiled
@@ -112,6 +112,9 @@ def test_grad_mode_remedy_survives_compile(stages, backend, fullgraph, kind):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_stage_that_needs_no_remedy_compiles_with_fullgraph_and_is_silent(stages, backend):
+    assert_attached("grad_mode", "compiled_stages:stage")
+    assert_attached("snapshot_inputs", "compiled_stages:pure")
+
     def step(x, w):
         return stages.stage(x, w) + stages.pure(x).sum()
 
@@ -231,6 +234,7 @@ def test_torchscript_of_a_guarded_function_says_the_guard_cannot_run(stages):
 
 def test_torchscript_keeps_jit_ignore_of_the_original_and_of_the_guarded_function(stages):
     assert hasattr(stages.unscriptable, "__wrapped__")  # really guarded
+    assert_attached("snapshot_inputs", "compiled_stages:unscriptable", "compiled_stages:pure")
     torch.jit.ignore(stages.pure)  # ignored after it was guarded: the proxy takes it
 
     class Model(torch.nn.Module):

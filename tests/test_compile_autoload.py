@@ -9,7 +9,7 @@ import json
 import textwrap
 
 import pytest
-from helpers import run_python
+from helpers import assert_attached, run_python
 
 STAGES = """
 import torch
@@ -50,6 +50,10 @@ with torch.set_grad_enabled(grad):
         print(json.dumps({"value": results[-1].item(), "grad": results[-1].requires_grad}))
     except Exception as exc:
         print(json.dumps({"error": type(exc).__name__}))
+guard = sys.modules.get("autograd_guard")  # loaded by the .pth in the guarded run only
+if guard is not None:
+    with open("status.json", "w") as f:
+        json.dump(guard.status(), f, default=str)
 """
 
 
@@ -87,6 +91,9 @@ def test_correct_compiled_code_is_unchanged_and_silent(
 ):
     code = _program(kind, "1" if fullgraph else "0", "1")
     unguarded, guarded, events = _twin_runs(guard_python, compiled_project, code)
+    status = json.loads((compiled_project / "status.json").read_text())
+    place = "compiled_stages:" + ("stage" if kind == "function" else "Fitter.run")
+    assert_attached("grad_mode", place, status=status)
     assert json.loads(unguarded.stdout) == {"value": 3.0, "grad": True}
     assert guarded.stdout == unguarded.stdout
     assert guarded.stderr == unguarded.stderr  # torch's own warnings only, if any

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_attached
 
 import autograd_guard
 from autograd_guard import _dynamo_frames
@@ -90,6 +91,7 @@ def test_a_model_compiled_with_fullgraph_whose_forward_is_guarded(stages):
 
 
 def test_a_model_compiled_with_a_guarded_forward_and_grad_on_says_nothing(stages):
+    assert_attached("grad_mode", "region_stages:Net.forward")
     net = stages.Net()
     with capture_events() as events:
         out = torch.compile(net, fullgraph=True, backend="eager")(torch.randn(3, 4))

@@ -8,6 +8,7 @@ import json
 import sys
 
 import pytest
+from helpers import assert_attached
 
 import autograd_guard
 from autograd_guard import _engine, guards
@@ -146,6 +147,7 @@ def test_stale_wrapper_passes_through_after_uninstall(toy):
     import toy_pkg.core
 
     kept = toy_pkg.core.compute
+    assert_attached("toy", "toy_pkg.core:compute")  # kept is the wrapper, not the original
     autograd_guard.uninstall()
     with capture_events() as events:
         assert kept(-1) == -2  # no fix, no event

@@ -10,12 +10,13 @@ import sys
 import pytest
 import torch
 from grad_health_twin import assert_guard_on
-from helpers import run_python
+from helpers import assert_attached, run_python
 
 import autograd_guard
 from autograd_guard.testing import capture_events
 
 ORIGINAL_BACKWARD = torch.autograd.backward
+OPTIM = "torch.optim.optimizer"  # the module grad_health hooks into
 
 
 class Net(torch.nn.Module):
@@ -56,6 +57,7 @@ def step_line() -> str:
 @pytest.mark.parametrize("mode", ["fix", "strict", "observe"])
 def test_a_correct_loop_is_silent(mode):
     autograd_guard.install({"mode": mode})
+    assert_attached("grad_health", OPTIM)
     with capture_events() as events:
         train(Net(), steps=12)  # the aux head gets a gradient every other step only
     assert events == []
@@ -312,6 +314,7 @@ def test_gradscaler_steps_are_left_to_gradscaler():
     # (fused Adam gets the scaled gradients and the inf flag): no event.
     for fused in (False, True):
         autograd_guard.install({"mode": "strict"})
+        assert_attached("grad_health", OPTIM)
         w = torch.nn.Parameter(torch.ones(3))
         optimizer = torch.optim.Adam([w], lr=0.1, fused=fused)
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
@@ -328,6 +331,7 @@ def test_gradscaler_steps_are_left_to_gradscaler():
 
 def test_dtypes_large_finite_values_and_sparse_gradients_are_silent():
     autograd_guard.install({"mode": "strict"})
+    assert_attached("grad_health", OPTIM)
     params = [
         torch.nn.Parameter(torch.ones(4, dtype=dtype))
         for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)

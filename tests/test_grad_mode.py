@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import torch
-from helpers import STAGE_SOURCE
+from helpers import STAGE_SOURCE, assert_attached
 
 import autograd_guard
 from autograd_guard.testing import capture_events
@@ -88,6 +88,7 @@ def test_no_event_when_grad_is_on(stage_module):
     autograd_guard.install()
     from mesh_reconstruction.recon import reconstruct_stage1
 
+    assert_attached("grad_mode", STAGE)
     with capture_events() as events:
         reconstruct_stage1(torch.ones(4))
     assert events == []
@@ -256,6 +257,7 @@ def test_an_async_generator_stage_has_grad_at_every_resume(resumable, grad_off):
 
 
 def test_a_generator_stage_with_grad_on_is_silent(resumable):
+    assert_attached("grad_mode", "user_resumable:stage_generator")
     with capture_events() as events:
         assert list(resumable.stage_generator(2)) == [True, True]
     assert events == []

@@ -10,11 +10,13 @@ import gsplat.rendering
 import gsplat_standins
 import pytest
 import torch
+from helpers import assert_attached
 
 import autograd_guard
 from autograd_guard.testing import capture_events
 
 ORIGINAL = gsplat.rendering.rasterization
+PLACE = "gsplat:rasterization"  # where render() and fit() call it
 
 
 @pytest.fixture(autouse=True)
@@ -150,6 +152,7 @@ def test_reexport_signature_and_docstring(guard):
 
 
 def test_users_own_retain_grad_stays_harmless(guard):
+    assert_attached("gsplat_means2d", PLACE)
     image, _, meta = render()
     meta["means2d"].retain_grad()
     loss_of(image).backward()
@@ -157,12 +160,14 @@ def test_users_own_retain_grad_stays_harmless(guard):
 
 
 def test_not_differentiable_projection_is_left_alone(guard):
+    assert_attached("gsplat_means2d", PLACE)
     with capture_events() as events:
         _, _, meta = render(with_ut=True)
     assert not meta["means2d"].requires_grad and events == []
 
 
 def test_no_grad_calls_pass_through(guard):
+    assert_attached("gsplat_means2d", PLACE)
     with capture_events() as events, torch.no_grad():
         render()
     assert events == []
@@ -223,6 +228,7 @@ def fit(steps, retain):
 @pytest.mark.parametrize("mode", ["fix", "strict", "observe"])
 def test_a_correct_default_strategy_fit_logs_nothing(mode):
     autograd_guard.install({"extends": "default", "mode": mode})
+    assert_attached("gsplat_means2d", PLACE)
     with capture_events() as events:
         state = fit(30, retain=True)
     assert state["count"].sum() > 0 and events == []

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, run_python
+from helpers import ROOT, assert_attached, run_python
 
 import autograd_guard
 from autograd_guard.testing import capture_events
@@ -57,6 +57,7 @@ def test_a_user_exception_on_the_pass_through_path_runs_the_body_once(stages, mo
     autograd_guard.install({"mode": mode, **_rules("failing_stage")})
     import user_stages
 
+    assert_attached("grad_mode", "user_stages:failing_stage")
     with capture_events() as events, pytest.raises(user_stages.StageError) as raised:
         user_stages.failing_stage(1)  # grad is on: not risky
     assert user_stages.calls["n"] == 1
@@ -69,6 +70,7 @@ def test_a_recursive_stage_raising_deep_down_runs_each_level_once(stages):
     autograd_guard.install({"mode": "strict", **_rules("recursive_stage")})
     import user_stages
 
+    assert_attached("grad_mode", "user_stages:recursive_stage")
     with capture_events() as events, pytest.raises(user_stages.StageError) as raised:
         user_stages.recursive_stage(15)
     assert user_stages.calls["n"] == 16

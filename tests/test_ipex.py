@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import ipex_standin
+from helpers import assert_attached, guard_state, ipex_standin
 from torch import nn
 
 import autograd_guard
@@ -60,6 +60,8 @@ def test_version_gate_reads_the_distribution(ipex, version, patched):
     assert (F.interpolate is not ORIGINAL_INTERPOLATE) is patched
     state = autograd_guard.status()["guards"]["ipex_xpu"]
     assert state["version"] == version
+    gate = "patched" if patched else f"not needed for intel-extension-for-pytorch {version}"
+    assert guard_state("ipex_xpu") == gate  # the gate ran: the guard did not just fail to start
     autograd_guard.uninstall()
     assert F.dropout is ORIGINAL_DROPOUT and F.interpolate is ORIGINAL_INTERPOLATE
 
@@ -68,6 +70,7 @@ def test_nothing_is_patched_without_ipex():
     autograd_guard.install(on_cpu())
     assert F.dropout is ORIGINAL_DROPOUT and F.interpolate is ORIGINAL_INTERPOLATE
     assert "intel_extension_for_pytorch" not in sys.modules
+    assert guard_state("ipex_xpu") == "waiting for import"
 
 
 class ViTEmbeddings(nn.Module):
@@ -263,6 +266,8 @@ def test_correct_inference_code_is_silent(ipex, mode):
     autograd_guard.install({**on_cpu(), "mode": mode})
     import intel_extension_for_pytorch  # noqa: F401
 
+    functions = ("dropout", "alpha_dropout", "feature_alpha_dropout", "interpolate")
+    assert_attached("ipex_xpu", *(f"torch.nn.functional:{f}" for f in functions))
     x = torch.rand(2, 4, 6, 6)
     model = torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.AlphaDropout(0.5)).eval()
     with capture_events() as events, torch.no_grad():

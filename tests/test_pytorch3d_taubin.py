@@ -8,6 +8,7 @@ import pytest
 import pytorch3d
 import pytorch3d.ops
 import torch
+from helpers import assert_attached
 from pytorch3d.ops import mesh_filtering
 from pytorch3d.structures import Meshes, join_meshes_as_batch
 from pytorch3d.utils import ico_sphere
@@ -17,6 +18,7 @@ from autograd_guard.taubin import taubin_smooth_verts, taubin_smoothing
 from autograd_guard.testing import capture_events
 
 ORIGINAL = mesh_filtering.taubin_smoothing
+PLACE = "pytorch3d.ops:taubin_smoothing"  # where the tests call it
 
 
 @pytest.fixture
@@ -95,6 +97,7 @@ def test_float64_fails_unguarded_and_works_guarded():
 
 
 def test_no_grad_float32_stays_on_pytorch3d(guard, monkeypatch):
+    assert_attached("pytorch3d_taubin", PLACE)
     entered = []
     monkeypatch.setattr(
         mesh_filtering, "norm_laplacian", _spy(mesh_filtering.norm_laplacian, entered)
@@ -197,6 +200,7 @@ def test_the_guarded_function_pickles_copies_and_cloudpickles_as_the_original(gu
 def test_calls_that_pytorch3d_handles_itself_are_silent(mode):
     """No grad and float32: PyTorch3D's own path works, and the guard stays out of it."""
     autograd_guard.install({"mode": mode})
+    assert_attached("pytorch3d_taubin", PLACE)
     with capture_events() as events:
         pytorch3d.ops.taubin_smoothing(ico_sphere(2))
         with torch.no_grad():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_attached
 
 import autograd_guard
 from autograd_guard.testing import capture_events
@@ -45,12 +46,14 @@ def guarded(request, make_module):
 
 
 def test_grad_mode_stage_called_with_grad_on(guarded):
+    assert_attached("grad_mode", "correct_code:stage")
     with capture_events() as events:
         assert guarded.stage(torch.ones(3)).tolist() == [1.0, 1.0, 1.0]
     assert events == []
 
 
 def test_snapshot_rules_on_functions_that_write_only_what_they_declare(guarded):
+    assert_attached("snapshot_inputs", "correct_code:reads", "correct_code:fills")
     x, out = torch.ones(3), torch.zeros(3)
     with capture_events() as events:
         guarded.reads(x, x)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_attached
 
 import autograd_guard
 from autograd_guard.testing import capture_events
@@ -67,6 +68,7 @@ def test_version_check_in_fix_switches_to_data_and_restores(ops):
 
 def test_raw_write_is_only_seen_by_a_data_check(ops):
     autograd_guard.install(rule("raw"))
+    assert_attached("snapshot_inputs", "user_ops:raw")
     x = torch.arange(4.0)
     with capture_events() as events:
         ops.raw(x, torch.ones(4))
@@ -111,6 +113,7 @@ def test_byte_limit_falls_back_to_version_and_says_so_once(ops):
 @pytest.mark.parametrize("outputs", [["out"], [1]])
 def test_declared_outputs_are_exempt(ops, outputs):
     autograd_guard.install(rule("fill", check="data", outputs=outputs))
+    assert_attached("snapshot_inputs", "user_ops:fill")
     out = torch.zeros(2)
     with capture_events() as events:
         ops.fill(torch.ones(2), out=out) if outputs == ["out"] else ops.fill(torch.ones(2), out)

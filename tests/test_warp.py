@@ -8,9 +8,10 @@ import sys
 
 import pytest
 import thirdparty
-from helpers import run_python
+from helpers import assert_attached, guard_state, run_python
 
 AFFECTED, NEWEST = "1.5.1", "1.19.0"
+LAUNCH = {AFFECTED: "warp.context:launch", NEWEST: "warp._src.context:launch"}  # wp.launch
 
 # The reproduction from the issue, with cpu for cuda; prints a JSON line of results.
 SCRIPT = """
@@ -81,6 +82,7 @@ with capture_events() as events:
         result["tiled_error"] = f"{type(exc).__name__}: {exc}"
 result["events"] = events
 result["wrapped"] = hasattr(wp.launch, "__wrapped__")
+result["status"] = autograd_guard.status()
 print(json.dumps(result, default=str))
 """
 
@@ -149,6 +151,8 @@ def test_newest_version_is_left_alone(tmp_path, warp_cache):
     assert unguarded["version"] == NEWEST
     assert unguarded["x"] == guarded["x"] == [1.0, 1.0, 1.0]
     assert guarded["events"] == [] and guarded["wrapped"] is False
+    state = guard_state("warp_torch_args", guarded["status"])
+    assert state == f"not needed for warp-lang {NEWEST}"  # the gate ran and declined
     assert "Can't call numpy()" in guarded["grad_error"]
 
 
@@ -188,7 +192,8 @@ with capture_events() as events:
         wp.launch(k, dim=10, inputs=[wp_x, wp_y], outputs=[wp_z], device="cpu")
     tape.backward(grads={wp_z: wp.ones_like(wp_z)})
     wp.launch(k, dim=10, inputs=[x, y], outputs=[z], device="cpu")  # no tape: nothing to fear
-print(json.dumps({"x": x[0].tolist(), "z": z[0].tolist(), "events": events}, default=str))
+result = {"x": x[0].tolist(), "z": z[0].tolist(), "events": events}
+print(json.dumps({**result, "status": autograd_guard.status()}, default=str))
 """
 
 
@@ -197,5 +202,6 @@ print(json.dumps({"x": x[0].tolist(), "z": z[0].tolist(), "events": events}, def
 def test_correct_warp_code_is_silent(tmp_path, warp_cache, version, mode):
     policy = {"mode": mode, "guards": {"warp_torch_args": {"bridge_grads": True}}}
     result = run(version, policy, tmp_path, warp_cache, script=CORRECT)
+    assert_attached("warp_torch_args", LAUNCH[version], status=result["status"])
     assert result["x"] == [1.0, 1.0, 1.0] and result["z"] == [2.0, 2.0, 2.0]
     assert result["events"] == []
