@@ -118,7 +118,15 @@ def _is_ours(obj: object, wrapper: Wrapper) -> bool:
     )
 
 
+# Stands for the original of a class attribute that the class inherited: undone by
+# deleting it, so that the base's attribute shows through again (and later patches of
+# the base are not hidden behind a copy on the subclass).
+INHERITED = object()
+
+
 def _set(owner: object, attribute: str, original: object, replacement: object) -> None:
+    if isinstance(owner, type) and attribute not in owner.__dict__:
+        original = INHERITED
     setattr(owner, attribute, replacement)
     STATE.applied.append((owner, attribute, original, replacement))
 
@@ -168,7 +176,9 @@ def undo_all() -> list[str]:
                 if isinstance(owner, type)
                 else getattr(owner, attribute, None)
             )
-            if current is replacement:
+            if current is replacement and original is INHERITED:
+                delattr(owner, attribute)
+            elif current is replacement:
                 setattr(owner, attribute, original)
             else:
                 skipped.append(f"{getattr(owner, '__name__', owner)}.{attribute}")

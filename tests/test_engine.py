@@ -394,3 +394,34 @@ def test_no_cache_folder_without_a_home(monkeypatch, tmp_path):
     assert _environment.cache_folder({"XDG_CACHE_HOME": "relative"}) is None
     assert _environment.cache_folder({"HOME": "/home/u"}) == "/home/u/.cache/autograd-guard"
     assert _environment.cache_folder({"XDG_CACHE_HOME": "/c"}) == "/c/autograd-guard"
+
+
+class InheritedMethodGuard(Guard):
+    name = "inherited_method"
+    targets = (Target("inherit_pkg", "Sub.meth"),)
+
+    def handle(self, call):
+        return call.proceed() * 10
+
+
+def test_uninstall_of_an_inherited_method_lets_the_base_show_through(make_module):
+    make_module(
+        "inherit_pkg",
+        """
+        class Base:
+            def meth(self, x):
+                return x + 1
+
+        class Sub(Base):
+            pass
+        """,
+    )
+    import inherit_pkg
+
+    guards.register(InheritedMethodGuard)
+    autograd_guard.install({})
+    assert inherit_pkg.Sub().meth(1) == 20 and "meth" in vars(inherit_pkg.Sub)
+    autograd_guard.uninstall()
+    assert "meth" not in vars(inherit_pkg.Sub)  # as before the install: inherited
+    inherit_pkg.Base.meth = lambda self, x: x + 100  # a later patch of the base
+    assert inherit_pkg.Sub().meth(1) == 101
