@@ -107,13 +107,13 @@ def _start(guard_class: type[Guard], policy: Policy) -> None:
     for target in targets:
         _hook_target(guard, target)
     for name in guard.modules:
-        _importer.when_imported(name, guard.attach)  # fails open itself
+        _importer.when_imported(name, _fail_open(guard, guard.attach))
 
 
 def _hook_target(guard: Guard, target: Target) -> None:
     def hook_target(_: object = None) -> None:
         late = target.module in sys.modules
-        _importer.when_imported(target.module, _attach_hook(guard, target, late))
+        _importer.when_imported(target.module, _fail_open(guard, _attach_hook(guard, target, late)))
 
     if target.after is None:
         hook_target()
@@ -123,11 +123,12 @@ def _hook_target(guard: Guard, target: Target) -> None:
 
 def _fail_open(guard: Guard, hook: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
     def safe(module: ModuleType) -> None:
+        # Runs inside the user's import: an exception here would break that import.
         try:
             hook(module)
-        except GuardError:
-            raise  # strict: already reported by the hook itself
         except Exception as exc:
+            if isinstance(exc, GuardError) and guard.mode == "strict":
+                raise  # reported already, by the guard itself
             guard.fail("hook", exc)
 
     return safe

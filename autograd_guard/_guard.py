@@ -187,9 +187,9 @@ class Guard(Interventions):
                 self.set_state("hooked", f"into {module.__name__}")
             else:
                 self._wrap(module, target, late)
-        except GuardError:
-            raise  # strict: already reported
         except Exception as exc:
+            if isinstance(exc, GuardError) and self.mode == "strict":
+                raise  # reported already, by the guard's own refuse()
             self.set_state("error", repr(exc))
             self.fail("hook" if target is None else "patch", exc)
 

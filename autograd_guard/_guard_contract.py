@@ -35,6 +35,17 @@ HOOKS = {
 }
 # What a target's own methods take, by the Target field that names them.
 TARGET_METHODS = {"check": HOOKS["risky"], "handle": HOOKS["handle"], "traced": HOOKS["_traced"]}
+# What the engine calls: a guard overrides the hook of the same name instead.
+PUBLIC = (
+    "targets_to_wrap",
+    "needed",
+    "attach",
+    "detach",
+    "check_for",
+    "handler_for",
+    "traced",
+    "wrapper_for",
+)
 # Hooks of the earlier contract, which the engine no longer calls.
 RENAMED = {
     "_targets": "_targets_to_wrap",
@@ -47,6 +58,8 @@ RENAMED = {
     "version_affected": "is_affected",
     "intervene": "report",
 }
+# A policy key (``[guards.<name>]``, ``AUTOGRAD_GUARD_DISABLE``): a bare TOML key.
+NAME = re.compile(r"[A-Za-z0-9_-]+")
 # One clause of a PEP 440 version specifier ("<2.1.30", ">=1.3.0", "==1.*").
 SPECIFIER_CLAUSE = re.compile(r"\s*(~=|===|==|!=|<=|>=|<|>)\s*[0-9A-Za-z.*+!_-]+\s*")
 VARARGS = 0x04  # CO_VARARGS
@@ -59,13 +72,15 @@ def check(guard: type[Guard]) -> None:
     where = f"guard {guard.__module__}.{guard.__qualname__}"
     _declarations(guard, where)
     for old, new in RENAMED.items():
-        if getattr(guard, old, None) is not getattr(Guard, old, None):
+        if callable(getattr(guard, old, None)):
             raise TypeError(f"{where}: {old!r} is no longer called; override {new!r} instead")
+    for public in PUBLIC:
+        if getattr(guard, public) is not getattr(Guard, public):
+            raise TypeError(f"{where}: {public!r} is the engine's; override '_{public}' instead")
     for hook, parameters in HOOKS.items():
         if getattr(guard, hook) is not getattr(Guard, hook):
             _signature(guard, hook, parameters, where)
-    for target in guard.targets:
-        _target_methods(guard, target, where)
+    _targets(guard, list(guard.targets), where)
 
 
 def check_targets(guard: Guard, targets: list[Target]) -> None:
@@ -74,12 +89,31 @@ def check_targets(guard: Guard, targets: list[Target]) -> None:
     for target in targets:
         if not isinstance(target, Target):
             raise TypeError(f"{where}: _targets_to_wrap() returned {target!r}, not a Target")
-        _target_methods(type(guard), target, where)
+    _targets(type(guard), targets, where)
+
+
+def _targets(guard: type[Guard], targets: list[Target], where: str) -> None:
+    """The methods the targets name exist and take what they must; a ``risky`` or
+    ``handle`` that no target would use is a mistake (a subclass overriding it)."""
+    from autograd_guard._guard import Guard
+
+    for target in targets:
+        _target_methods(guard, target, where)
+    for hook, field in (("risky", "check"), ("handle", "handle")):
+        overridden = getattr(guard, hook) is not getattr(Guard, hook)
+        if overridden and targets and all(getattr(t, field) for t in targets):
+            raise TypeError(
+                f"{where}: {hook} is never called: every target names its own {field} "
+                f"method ({', '.join(sorted({getattr(t, field) for t in targets}))}); "
+                "override those instead"
+            )
 
 
 def _declarations(guard: type[Guard], where: str) -> None:
-    if not (isinstance(guard.name, str) and guard.name.isidentifier()):
-        raise TypeError(f"{where}: name {guard.name!r} must be an identifier (a policy key)")
+    if not (isinstance(guard.name, str) and NAME.fullmatch(guard.name)):
+        raise TypeError(
+            f"{where}: name {guard.name!r} must be a policy key (letters, digits, '_' and '-')"
+        )
     distribution = guard.distribution
     names = (distribution,) if isinstance(distribution, str) else distribution or ()
     if not isinstance(names, tuple) or not all(isinstance(n, str) and n for n in names):
@@ -96,8 +130,8 @@ def _declarations(guard: type[Guard], where: str) -> None:
         )
     for attribute in ("symptom", "upstream", "remedy", "rule_action"):
         _expect(guard, attribute, str, "a string", where)
-    _expect(guard, "targets", tuple, "a tuple of Target", where, Target)
-    _expect(guard, "modules", tuple, "a tuple of module names", where, str)
+    _expect(guard, "targets", (tuple, list), "a tuple of Target", where, Target)
+    _expect(guard, "modules", (tuple, list), "a tuple of module names", where, str)
     for attribute in ("options", "rule_options"):
         table = getattr(guard, attribute)
         if not isinstance(table, dict) or not all(
@@ -107,7 +141,12 @@ def _declarations(guard: type[Guard], where: str) -> None:
 
 
 def _expect(
-    guard: type[Guard], attribute: str, kind: type, allowed: str, where: str, item: Any = None
+    guard: type[Guard],
+    attribute: str,
+    kind: type | tuple[type, ...],
+    allowed: str,
+    where: str,
+    item: Any = None,
 ) -> None:
     value = getattr(guard, attribute)
     members: Any = value if isinstance(value, kind) else None  # isinstance narrows to object
@@ -123,9 +162,13 @@ def _signature(guard: type[Guard], name: str, parameters: tuple[str, ...], where
     code = getattr(function, "__code__", None)
     if code is None or code.co_flags & VARARGS:
         return  # a builtin or a C function: nothing to read cheaply
-    taken = code.co_argcount - len(function.__defaults__ or ())
-    if not taken <= 1 + len(parameters) <= code.co_argcount:
-        expected = ", ".join(("self", *parameters))
+    # A staticmethod takes no self; a classmethod's cls stands where self would.
+    declared = next((c.__dict__[name] for c in guard.__mro__ if name in c.__dict__), None)
+    static = isinstance(declared, staticmethod)
+    given = len(parameters) + (0 if static else 1)
+    taken = code.co_argcount - len(getattr(function, "__defaults__", None) or ())
+    if not taken <= given <= code.co_argcount:
+        expected = ", ".join(parameters if static else ("self", *parameters))
         found = ", ".join(code.co_varnames[: code.co_argcount])
         raise TypeError(f"{where}: {name}({found}) must take ({expected})")
 

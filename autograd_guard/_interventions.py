@@ -34,7 +34,7 @@ class Interventions:
             callsite = at
         else:
             callsite = at.callsite
-            fields.setdefault("target", str(at.target))
+            fields = {"target": str(at.target), **fields}  # first, as logged before
         if self.mode == "strict":
             self.refuse(event, action=action, callsite=callsite, remedy=remedy, **fields)
         self.emit(event, action=action, callsite=callsite, remedy=remedy, **fields)

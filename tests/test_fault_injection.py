@@ -155,16 +155,16 @@ def inject(monkeypatch, guard_class: type[Guard], fault: str) -> None:
 
             monkeypatch.setattr(guard_class, "before", fail_after)
     elif fault == "check":
-        monkeypatch.setattr(guard_class, "check_for", lambda self, target: boom)
+        monkeypatch.setattr(guard_class, "_check_for", lambda self, target: boom)
     elif fault == "remedy":
-        monkeypatch.setattr(guard_class, "handler_for", lambda self, target: boom)
+        monkeypatch.setattr(guard_class, "_handler_for", lambda self, target: boom)
     else:
 
         def proceed_then_fail(call):
             call.proceed()
             raise Injected(fault)
 
-        monkeypatch.setattr(guard_class, "handler_for", lambda self, target: proceed_then_fail)
+        monkeypatch.setattr(guard_class, "_handler_for", lambda self, target: proceed_then_fail)
 
 
 # Guards without a distribution (application code, user rules) have no version lookup.

@@ -104,7 +104,9 @@ def _guard(**attributes) -> type[Guard]:
 @pytest.mark.parametrize(
     ("attributes", "message"),
     [
-        ({"name": "not a name"}, "name 'not a name' must be an identifier"),
+        ({"name": "not a name"}, "name 'not a name' must be a policy key"),
+        ({"attach": lambda self, module: None}, "'attach' is the engine's; override '_attach'"),
+        ({"check_for": lambda self, t: None}, "'check_for' is the engine's; override '_check_for'"),
         ({"affected": "1.3 to 1.6"}, "affected '1.3 to 1.6' must be a version specifier"),
         ({"distribution": ["warp-lang"]}, "distribution ['warp-lang'] must be None, a name"),
         ({"targets": (("json", "dumps"),)}, "targets is (('json', 'dumps'),); it must be a tuple"),
@@ -157,6 +159,50 @@ def test_hooks_with_defaults_or_star_args_are_accepted():
             distribution=("warp-lang", "warp"),
         )
     )
+
+
+def test_static_and_class_methods_dashed_names_and_lists_are_accepted():
+    guards.register(
+        _guard(
+            name="my-guard",
+            risky=staticmethod(lambda instance, args, kwargs: True),
+            handle=classmethod(lambda cls, call: None),
+            targets=[Target("json", "dumps", check="_check"), Target("json", "loads")],
+            _check=staticmethod(lambda instance, args, kwargs: False),
+            modules=["json"],
+        )
+    )
+
+
+def test_a_subclass_hook_that_no_target_uses_is_refused():
+    from autograd_guard.guards.warp_torch_args import WarpTorchArgs
+
+    class MyWarp(WarpTorchArgs):
+        def risky(self, instance, args, kwargs):
+            return False  # never called: each Warp target names its own check
+
+    with pytest.raises(TypeError, match="risky is never called: every target names its own check"):
+        guards.register(MyWarp)
+
+
+def test_a_guard_error_while_attaching_never_breaks_the_import_outside_strict(make_module):
+    make_module("attach_pkg", "def run(x):\n    return x\n")
+
+    class RefusesToAttach(Guard):
+        name = "refuses_to_attach"
+        targets = (Target("attach_pkg", "run"),)
+
+        def _attach(self, module, target):
+            raise autograd_guard.GuardError("a bug of the guard's own")
+
+    guards.register(RefusesToAttach)
+    autograd_guard.install({})
+    with capture_events() as events:
+        import attach_pkg
+
+    assert attach_pkg.run(3) == 3
+    assert [e["callsite"] for e in events] == ["patch:GuardError"]
+    assert autograd_guard.status()["guards"]["refuses_to_attach"]["state"] == "error"
 
 
 def test_computed_targets_are_checked_at_install():

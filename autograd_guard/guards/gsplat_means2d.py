@@ -71,14 +71,20 @@ class GsplatMeans2d(Guard):
         # user's code retained the gradient before backward().
         if means2d is None or grad is None or means2d.retains_grad:
             return
-        lost = "retain_grad() was not called on it"
+        event = {
+            "strict": "meta['means2d'] gradient lost in backward(): retain_grad() was not "
+            "called on it",
+            "fix": "meta['means2d'] gradient would be lost in backward() (retain_grad() was not "
+            "called on it); kept in .grad as retain_grad() would",
+        }.get(
+            self.mode,
+            "meta['means2d'] gradient would be lost in backward() (retain_grad() was not "
+            "called on it)",
+        )
         if self.report(
             callsite,
             "retain_grad",
-            f"meta['means2d'] gradient would be lost in backward() ({lost}); kept in .grad "
-            "as retain_grad() would"
-            if self.mode == "fix"
-            else f"meta['means2d'] gradient lost in backward(): {lost}",
+            event,
             target="gsplat.rendering:rasterization",
             shape=list(means2d.shape),
         ):
