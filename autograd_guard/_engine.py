@@ -97,17 +97,37 @@ def _start(guard_class: type[Guard], policy: Policy) -> None:
     if guard.mode == "off":
         guard.set_state("off")
         return
-    try:
-        targets = guard.targets_to_wrap()
-        _guard_contract.check_targets(guard, targets)
-    except Exception as exc:
-        guard.set_state("error", repr(exc))
-        guard.fail("watch", exc)
+    targets = _targets_to_wrap(guard)
+    if targets is None:
         return
     for target in targets:
         _hook_target(guard, target)
     for name in guard.modules:
         _importer.when_imported(name, _fail_open(guard, guard.attach))
+
+
+def _targets_to_wrap(guard: Guard) -> list[Target] | None:
+    """The guard's targets; None where computing them broke, or they break the contract
+    (named in an event: the message holds no user data, only the guard's own names)."""
+    try:
+        targets = guard.targets_to_wrap()
+    except Exception as exc:
+        guard.set_state("error", repr(exc))
+        guard.fail("watch", exc)
+        return None
+    try:
+        _guard_contract.check_targets(guard, targets)
+    except TypeError as exc:
+        guard.set_state("unavailable", str(exc))
+        guard.emit(
+            f"guard {guard.name!r} is off: {exc}",
+            action="load_error",
+            callsite="start",
+            level="error",
+            remedy="fix the guard: see the guard contract in autograd_guard.guard",
+        )
+        return None
+    return targets
 
 
 def _hook_target(guard: Guard, target: Target) -> None:
