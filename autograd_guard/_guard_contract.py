@@ -9,8 +9,6 @@ built-in guards are checked at every start.
 
 from __future__ import annotations
 
-import re
-
 from autograd_guard._call import Target
 from autograd_guard._options import Option
 
@@ -58,10 +56,36 @@ RENAMED = {
     "version_affected": "is_affected",
     "intervene": "report",
 }
-# A policy key (``[guards.<name>]``, ``AUTOGRAD_GUARD_DISABLE``): a bare TOML key.
-NAME = re.compile(r"[A-Za-z0-9_-]+")
-# One clause of a PEP 440 version specifier ("<2.1.30", ">=1.3.0", "==1.*").
-SPECIFIER_CLAUSE = re.compile(r"\s*(~=|===|==|!=|<=|>=|<|>)\s*[0-9A-Za-z.*+!_-]+\s*")
+# What a policy key (``[guards.<name>]``, ``AUTOGRAD_GUARD_DISABLE``) and a version may
+# hold, besides ASCII letters and digits (no ``re``: the built-in guards are checked at
+# every start).
+NAME_MARKS = frozenset("_-")
+VERSION_MARKS = frozenset(".*+!_-")
+OPERATORS = ("~=", "===", "==", "!=", "<=", ">=", "<", ">")  # longest first where shared
+
+
+def is_name(text: object) -> bool:
+    """A bare TOML key: letters, digits, ``_`` and ``-``."""
+    return isinstance(text, str) and bool(text) and all(_plain(c, NAME_MARKS) for c in text)
+
+
+def is_specifier(text: object) -> bool:
+    """A PEP 440 version specifier such as ``>=1.3,<1.6`` (``""``: every version)."""
+    if not isinstance(text, str):
+        return False
+    for clause in text.split(",") if text.strip() else ():
+        clause = clause.strip()
+        operator = next((o for o in OPERATORS if clause.startswith(o)), None)
+        version = clause[len(operator) :].strip() if operator else ""
+        if not version or not all(_plain(c, VERSION_MARKS) for c in version):
+            return False
+    return True
+
+
+def _plain(character: str, marks: frozenset[str]) -> bool:
+    return (character.isascii() and character.isalnum()) or character in marks
+
+
 VARARGS = 0x04  # CO_VARARGS
 
 
@@ -110,7 +134,7 @@ def _targets(guard: type[Guard], targets: list[Target], where: str) -> None:
 
 
 def _declarations(guard: type[Guard], where: str) -> None:
-    if not (isinstance(guard.name, str) and NAME.fullmatch(guard.name)):
+    if not is_name(guard.name):
         raise TypeError(
             f"{where}: name {guard.name!r} must be a policy key (letters, digits, '_' and '-')"
         )
@@ -121,9 +145,7 @@ def _declarations(guard: type[Guard], where: str) -> None:
             f"{where}: distribution {distribution!r} must be None, a name or a tuple of names"
         )
     affected = guard.affected
-    if not isinstance(affected, str) or not all(
-        SPECIFIER_CLAUSE.fullmatch(clause) for clause in affected.split(",") if affected
-    ):
+    if not is_specifier(affected):
         raise TypeError(
             f"{where}: affected {affected!r} must be a version specifier such as "
             "'>=1.3,<1.6' ('' for every version)"
