@@ -18,7 +18,7 @@ from autograd_guard import (
 from autograd_guard._guard import describe_error
 from autograd_guard._state import STATE
 from autograd_guard._unattached import report_unattached_rules
-from autograd_guard.errors import GuardError, PolicyError
+from autograd_guard.errors import PolicyError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -97,16 +97,16 @@ def _start(guard_class: type[Guard], policy: Policy) -> None:
     if guard.mode == "off":
         guard.set_state("off")
         return
-    targets = _targets_to_wrap(guard)
+    targets = _checked_targets(guard)
     if targets is None:
         return
     for target in targets:
         _hook_target(guard, target)
     for name in guard.modules:
-        _importer.when_imported(name, _fail_open(guard, guard.attach))
+        _importer.when_imported(name, guard.attach)  # fails open itself
 
 
-def _targets_to_wrap(guard: Guard) -> list[Target] | None:
+def _checked_targets(guard: Guard) -> list[Target] | None:
     """The guard's targets; None where computing them broke, or they break the contract
     (named in an event: the message holds no user data, only the guard's own names)."""
     try:
@@ -133,7 +133,7 @@ def _targets_to_wrap(guard: Guard) -> list[Target] | None:
 def _hook_target(guard: Guard, target: Target) -> None:
     def hook_target(_: object = None) -> None:
         late = target.module in sys.modules
-        _importer.when_imported(target.module, _fail_open(guard, _attach_hook(guard, target, late)))
+        _importer.when_imported(target.module, _attach_hook(guard, target, late))
 
     if target.after is None:
         hook_target()
@@ -147,8 +147,6 @@ def _fail_open(guard: Guard, hook: Callable[[ModuleType], None]) -> Callable[[Mo
         try:
             hook(module)
         except Exception as exc:
-            if isinstance(exc, GuardError) and guard.mode == "strict":
-                raise  # reported already, by the guard itself
             guard.fail("hook", exc)
 
     return safe

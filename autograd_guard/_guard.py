@@ -188,8 +188,6 @@ class Guard(Interventions):
             else:
                 self._wrap(module, target, late)
         except Exception as exc:
-            if isinstance(exc, GuardError) and self.mode == "strict":
-                raise  # reported already, by the guard's own refuse()
             self.set_state("error", repr(exc))
             self.fail("hook" if target is None else "patch", exc)
 

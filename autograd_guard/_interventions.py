@@ -72,7 +72,11 @@ class Interventions:
         )
 
     def fail(self, stage: str, exc: BaseException) -> None:
-        """The guard's own code broke: report it once; raise only in strict mode."""
+        """The guard's own code broke: report it once; raise only in strict mode (a
+        ``GuardError`` the guard raised itself, in strict, was reported already: it goes
+        on as it is)."""
+        if isinstance(exc, GuardError) and self.mode == "strict":
+            raise exc
         self.emit(
             f"guard error in {stage}; the library's own behaviour was kept",
             action="guard_error",

@@ -71,16 +71,15 @@ class GsplatMeans2d(Guard):
         # user's code retained the gradient before backward().
         if means2d is None or grad is None or means2d.retains_grad:
             return
+        would_be_lost = (
+            "meta['means2d'] gradient would be lost in backward() (retain_grad() was not "
+            "called on it)"
+        )
         event = {
             "strict": "meta['means2d'] gradient lost in backward(): retain_grad() was not "
             "called on it",
-            "fix": "meta['means2d'] gradient would be lost in backward() (retain_grad() was not "
-            "called on it); kept in .grad as retain_grad() would",
-        }.get(
-            self.mode,
-            "meta['means2d'] gradient would be lost in backward() (retain_grad() was not "
-            "called on it)",
-        )
+            "fix": would_be_lost + "; kept in .grad as retain_grad() would",
+        }.get(self.mode, would_be_lost)
         if self.report(
             callsite,
             "retain_grad",
