@@ -8,6 +8,7 @@ this module is imported.
 from __future__ import annotations
 
 import os
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -103,6 +104,15 @@ def cache_folder(environ: Mapping[str, str] | None = None) -> str | None:
     return os.path.join(base, "autograd-guard")
 
 
-def rank() -> str | None:
-    """The distributed rank (torchrun's ``RANK``), for events."""
-    return os.environ.get("RANK")
+def rank() -> int | None:
+    """The distributed rank, for events: ``torch.distributed``'s once a process group is
+    initialised (``mp.spawn``, SLURM and MPI launchers pass it to
+    ``init_process_group``), else torchrun's ``RANK``."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:
+        pass
+    value = os.environ.get("RANK", "")
+    return int(value) if value.strip().isdigit() else None

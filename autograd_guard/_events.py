@@ -161,7 +161,9 @@ def _summary_at_exit() -> None:
         return
     try:
         from autograd_guard._actions import describe_counts  # what each action means
+        from autograd_guard._environment import rank
 
+        fields = {"rank": rank()}
         _logger().info(
             event=f"summary: {describe_counts(rows)}",
             guard="autograd_guard",
@@ -169,6 +171,7 @@ def _summary_at_exit() -> None:
             callsite="-",
             pid=os.getpid(),
             process=process_id(),
+            **{k: v for k, v in fields.items() if v is not None},
             sites=[f"{r['guard']}/{r['action']} at {r['callsite']} x{r['count']}" for r in rows],
         )
     except Exception:

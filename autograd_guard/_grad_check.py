@@ -196,6 +196,19 @@ class PendingFlag:
         return bool(self.host.item())
 
 
+def wrapper_modules() -> tuple[type, ...]:
+    """The classes of DDP and FSDP1 modules, where torch.distributed is imported."""
+    places = (
+        ("torch.nn.parallel.distributed", "DistributedDataParallel"),
+        ("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel"),
+    )
+    return tuple(
+        kind
+        for module, name in places
+        if isinstance(kind := getattr(sys.modules.get(module), name, None), type)
+    )
+
+
 def parameter_names(params: list[Any]) -> list[str]:
     """Qualified names (``backbone.0.weight``) from the modules that own the parameters,
     found by one scan of live objects (run only when something is reported)."""
@@ -206,7 +219,8 @@ def parameter_names(params: list[Any]) -> list[str]:
     names: dict[int, str] = {}
     module_type = torch.nn.Module
     fx = sys.modules.get("torch.fx")
-    generated = (fx.GraphModule,) if fx is not None else ()  # torch.compile's own graphs
+    generated: tuple[type, ...] = (fx.GraphModule,) if fx is not None else ()  # compile's
+    generated += wrapper_modules()  # DDP and FSDP: the user's own module names its parameters
     for obj in gc.get_objects():
         kind = type(obj)  # never a proxy's __class__
         if (

@@ -1,6 +1,7 @@
-"""The step logic of grad_health's hooks: where the check runs (before the step, or after
-each evaluation of its closure), what a skipped step looks like to the optimizer and to
-the user, and how torch 2.1's hook-less steps and lent device flags fit in.
+"""The step logic of grad_health: the check runs in the gate between the step hooks and the
+step body (``_grad_gate``), after every pre-hook; a skipped step is a body that never ran.
+A step with a closure is checked after each evaluation and, when one is not finite,
+stopped there and undone whole from a snapshot (``_grad_closure``).
 
 A mixin of ``GradHealth``: the guard holds the state and reports; this is the flow.
 """
@@ -10,15 +11,10 @@ from __future__ import annotations
 import sys
 
 from autograd_guard._grad_check import PendingFlag
-from autograd_guard._grad_step import (
-    MULTI_EVALUATION,
-    SkipWindow,
-    Snapshot,
-    closure_of,
-    evaluates_repeatedly,
-    params_of,
-    with_closure,
-)
+from autograd_guard._grad_closure import ClosureFlow
+from autograd_guard._grad_dist import local_gradient, sharing_of
+from autograd_guard._grad_gate import CLOSURE, RUN, SKIP
+from autograd_guard._grad_step import closure_of, params_of
 from autograd_guard.errors import GuardError
 
 TYPE_CHECKING = False
@@ -28,15 +24,15 @@ if TYPE_CHECKING:
 
     from autograd_guard._environment import Mode
     from autograd_guard._grad_check import FiniteCheck, Slot
+    from autograd_guard._grad_closure import Evaluation
     from autograd_guard._grad_compile import EagerHooks
+    from autograd_guard._grad_dist import Sharing
+    from autograd_guard._grad_gate import Gates
     from autograd_guard._grad_probe import BackwardProbe
     from autograd_guard._grad_record import Record, Records
 
 
-NO_CLOSURE = (None, -1)
-
-
-class StepFlow:
+class StepFlow(ClosureFlow):
     """What runs at each optimizer step (``GradHealth`` provides the state and reports)."""
 
     active: bool
@@ -45,74 +41,138 @@ class StepFlow:
     _records: Records
     _finite: FiniteCheck
     _hooks: EagerHooks
+    _gates: Gates
     _probe: BackwardProbe | None
     fail: Callable[[str, BaseException], None]
-    _nonfinite: Callable[..., None]
-    _report_lost: Callable[[list[Any]], None]
+    _nonfinite: Callable[..., object]
+    _report_lost: Callable[[Any, list[Any]], None]
     _probe_finished: Callable[[BackwardProbe], None]
-    _refuse: Callable[..., Any]
 
-    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The first global pre-hook: gate the optimizer's class (once per class); a class
+        with no gate is checked here, where its step can be stopped but not skipped."""
         if not self.active:
-            return None
+            return
         try:
-            return self._step_starts(optimizer, self._records.get(optimizer), args, kwargs)
+            if self._gates.ensure(type(optimizer)):
+                return
+            verdict = self._decide(args, kwargs, gated=False)
         except GuardError:
-            raise  # strict: the step must not run
+            raise
         except Exception as exc:  # fail open: the optimizer steps as it would unguarded
             self.fail("step check", exc)
-            return None
+            return
+        self._finish(optimizer)
+        if verdict == CLOSURE:
+            self._records.get(optimizer).closure = None  # checked only before the step
 
-    def _step_starts(self, optimizer: Any, record: Record, args: Any, kwargs: Any) -> Any:
-        if record.window is not None or record.flag is not None:
-            self._step_over(optimizer, record)  # the last step raised before its post-hooks
+    def _decide(self, args: Any, kwargs: Any, gated: bool = True) -> object:
+        """RUN, SKIP or CLOSURE for the step about to run (raises in strict)."""
+        optimizer = args[0]
+        if not self.active:
+            return RUN
+        record = self._records.get(optimizer)
+        if record.depth:  # super().step() of a step being checked
+            record.depth += 1
+            return RUN
+        try:
+            if record.flag is not None:
+                self._step_over(optimizer, record)  # the last step raised before its post-hooks
+            record.depth = 1
+            verdict = self._step_starts(optimizer, record, args, kwargs, gated)
+        except GuardError:
+            record.depth = 0
+            raise
+        except Exception as exc:  # fail open
+            self.fail("step check", exc)
+            return RUN
+        if verdict == SKIP:
+            record.depth = 0
+        return verdict
+
+    def _finish(self, optimizer: Any) -> None:
+        record = self._records.find(optimizer)
+        if record is not None and record.depth:
+            record.depth -= 1
+
+    def _step_starts(
+        self, optimizer: Any, record: Record, args: Any, kwargs: Any, gated: bool
+    ) -> object:
         record.step += 1
         record.evaluations = 0
         # optimizer.step() with no argument, the common case, has no closure
-        closure, position = (
-            closure_of(optimizer, args, kwargs) if kwargs or len(args) > 1 else NO_CLOSURE
-        )
-        if closure is not None:
-            if (
-                self.mode != "observe"
-                and self.config["nonfinite"]
-                and evaluates_repeatedly(optimizer)
-            ):
-                record.snapshot = Snapshot(optimizer)
-            checked = self._closure_then_check(optimizer, record, closure)
-            return with_closure(args, kwargs, checked, position)
+        closure = closure_of(optimizer, args, kwargs) if kwargs or len(args) > 1 else None
+        if closure is not None and closure[0] is not None:
+            record.closure = closure
+            return CLOSURE
+        return self._check(optimizer, record, kwargs, gated)
+
+    def _check(
+        self,
+        optimizer: Any,
+        record: Record,
+        kwargs: Any,
+        gated: bool = True,
+        evaluation: Evaluation | None = None,
+    ) -> object:
+        """The verdict on the gradients the step is about to use (or its closure made)."""
         params = params_of(optimizer)
-        self._check(optimizer, record, params, kwargs)
-        return None
+        self._lost_check(optimizer, record, params)
+        if not self.config["nonfinite"] or _scaler_decides(optimizer, kwargs, record):
+            return RUN
+        sharing = self._sharing(optimizer, record, params)
+        consumed = sharing.shard if sharing is not None else params
+        grads = [g for g in [p.grad for p in consumed] if g is not None]  # one read of each
+        if sharing is not None and self.mode != "observe":
+            return self._decide_together(
+                optimizer, record, consumed, grads, sharing, gated, evaluation
+            )
+        if not grads:
+            return RUN
+        first = grads[0]
+        plain = type(first) is sys.modules["torch"].Tensor  # not fake tensors and the like
+        slot = self._finite.slot(first.device) if plain else None
+        if slot is not None and slot.deferred and self._lend_flag(optimizer, record, grads, slot):
+            return RUN
+        if self._finite.all_finite([local_gradient(g) for g in grads], slot):
+            record.in_a_row = 0
+            return RUN
+        bad = [p for p in consumed if p.grad is not None]
+        return self._nonfinite(optimizer, record, bad, gated=gated, evaluation=evaluation)
 
-    def _closure_then_check(self, optimizer: Any, record: Record, closure: Any) -> Any:
-        evaluated = self._hooks.eager_method(self._evaluated)
-
-        def closure_then_check() -> Any:
-            loss = closure()
-            record.evaluations += 1
-            if self.active:
-                evaluated(optimizer, record)
-            return loss
-
-        return closure_then_check
-
-    def _evaluated(self, optimizer: Any, record: Record) -> None:
-        """The closure ran inside ``step()``: its gradients exist only now."""
+    def _decide_together(
+        self,
+        optimizer: Any,
+        record: Record,
+        consumed: list[Any],
+        grads: list[Any],
+        sharing: Sharing,
+        gated: bool,
+        evaluation: Evaluation | None,
+    ) -> object:
+        """Every rank of the group enters the exchange, whatever it found."""
+        local = False
         try:
-            if record.evaluations > 1:
-                MULTI_EVALUATION.add(type(optimizer))
-            params = params_of(optimizer)
-            if record.window is not None:
-                record.window.hide()  # a skipped step: later gradients are kept out too
-            else:
-                self._check(optimizer, record, params, {})
-        except GuardError:
-            raise
-        except Exception as exc:
+            local = bool(grads) and not self._finite.all_finite([local_gradient(g) for g in grads])
+        except Exception as exc:  # the exchange still happens: no rank is left waiting
             self.fail("step check", exc)
+        device = grads[0].device if grads else None
+        ranks = sharing.exchange(local, device)
+        if not ranks:
+            record.in_a_row = 0
+            return RUN
+        bad = [p for p in consumed if p.grad is not None] if local else []
+        return self._nonfinite(
+            optimizer, record, bad, gated=gated, sharing=sharing, ranks=ranks, evaluation=evaluation
+        )
 
-    def _check(self, optimizer: Any, record: Record, params: list[Any], kwargs: Any) -> None:
+    def _sharing(self, optimizer: Any, record: Record, params: list[Any]) -> Sharing | None:
+        if record.shared_known != len(params):  # the first step, or add_param_group
+            record.shared_known = len(params)
+            record.sharing = sharing_of(optimizer, params)
+        return record.sharing
+
+    def _lost_check(self, optimizer: Any, record: Record, params: list[Any]) -> None:
         lost_steps = self.config["lost_steps"]
         if (
             lost_steps
@@ -121,28 +181,12 @@ class StepFlow:
         ):
             lost = record.lost(params, lost_steps)
             if lost:
-                self._report_lost(lost)
-        if not self.config["nonfinite"] or _scaler_decides(optimizer, kwargs, record):
-            return
-        grads = [g for g in [p.grad for p in params] if g is not None]  # one read of each
-        if not grads:
-            return
-        first = grads[0]
-        plain = type(first) is sys.modules["torch"].Tensor  # not fake tensors and the like
-        slot = self._finite.slot(first.device) if plain else None
-        if slot is not None and slot.deferred and self._lend_flag(optimizer, record, grads, slot):
-            return
-        if self._finite.all_finite(grads, slot):
-            record.in_a_row = 0
-            return
-        self._nonfinite(optimizer, record, [p for p in params if p.grad is not None])
+                self._report_lost(optimizer, lost)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         record = self._records.find(optimizer)
         try:
-            if record is not None and (
-                record.window or record.snapshot or record.flag is not None or record.pending
-            ):
+            if record is not None and (record.flag is not None or record.pending):
                 self._step_over(optimizer, record)
             probe = self._probe
             if probe is not None and probe.step_done():
@@ -151,10 +195,6 @@ class StepFlow:
             self.fail("after step", exc)
 
     def _step_over(self, optimizer: Any, record: Record) -> None:
-        window, record.window, record.snapshot = record.window, None, None
-        if window is not None:
-            window.restore()  # done already by its own post-hook, unless the step raised
-            window.detach()
         if record.flag is not None:
             if optimizer.__dict__.get("found_inf") is record.flag:
                 del optimizer.__dict__["found_inf"]
@@ -164,31 +204,20 @@ class StepFlow:
             if not pending.nonfinite():
                 record.in_a_row = 0
             elif step == record.step:  # read in its own step: its gradients are current
-                self._nonfinite(
-                    optimizer,
-                    record,
-                    [p for p in params_of(optimizer) if p.grad is not None],
-                    on_device=True,
-                )
+                params = [p for p in params_of(optimizer) if p.grad is not None]
+                self._nonfinite(optimizer, record, params, on_device=True)
             else:
                 self._nonfinite(optimizer, record, [], on_device=True)
 
     def _run_unhooked_step(
         self, step: Callable[..., Any], optimizer: Any, args: Any, kwargs: Any
     ) -> Any:
-        """torch 2.1 after a compile: ``step`` calls no hooks; the guard runs around it."""
-        record = self._records.get(optimizer)
-        record.unhooked = True
+        """torch 2.1 after a compile: ``step`` calls no hooks; the guard runs around it,
+        gated as torch's own wrapper is."""
         try:
-            changed = self._before_step(optimizer, (optimizer, *args), kwargs)
-            if changed is not None:
-                args, kwargs = changed[0][1:], changed[1]
-            return step(optimizer, *args, **kwargs)
+            return self._gates.gate(step)(optimizer, *args, **kwargs)
         finally:
-            record.unhooked = False
-            self._after_step(optimizer, args, kwargs)
-
-    # -- non-finite gradients ----------------------------------------------------------
+            self._after_step(optimizer, (optimizer, *args), kwargs)
 
     def _lend_flag(self, optimizer: Any, record: Record, grads: list[Any], slot: Slot) -> bool:
         """On a device where reading the flag means a host sync (CUDA): a fused optimizer
@@ -209,49 +238,6 @@ class StepFlow:
             optimizer.found_inf = record.flag = flag
         record.pending.append((record.step, PendingFlag(flag)))
         return True
-
-    def _skip(
-        self,
-        optimizer: Any,
-        record: Record,
-        with_grad: list[Any],
-        on_device: bool,
-        what: str,
-        site: str,
-        names: Any,
-    ) -> str:
-        """Skip the step (fix) or raise (strict); what happened, in words."""
-        evaluation, snapshot = record.evaluations, record.snapshot
-        kind = type(optimizer).__name__
-        moved = evaluation > 1 and snapshot is None  # weights changed at earlier evaluations
-        at = f" at evaluation {evaluation} of the closure" if evaluation > 1 else ""
-        if on_device:
-            if self.mode == "fix":
-                return (
-                    "the fused optimizer skipped this step on the device (weights and "
-                    "optimizer state as before it)"
-                )
-            return "the step ran with them (observe; fix would skip it)"
-        if self.mode == "strict":
-            if snapshot is not None:
-                snapshot.restore()
-            self._refuse(f"{what}{at} of this {kind} step", site, names, moved)
-        if self.mode == "observe":
-            return f"the step ran with them{at} (observe; fix would skip it)"
-        window = SkipWindow(params_of(optimizer), snapshot)
-        if evaluation or record.unhooked:
-            window.hide()  # inside step() already: from now on
-        if not record.unhooked:
-            window.attach(optimizer, self._hooks.eager_method, hide=not evaluation)
-        record.window = window
-        if not moved:
-            return f"this {kind} step was skipped{at} (weights and optimizer state as before it)"
-        MULTI_EVALUATION.add(type(optimizer))
-        return (
-            f"found{at}, after this {kind} step had already updated the weights; the rest "
-            "of the step got no gradients, so the weights keep that update (later "
-            f"{kind} steps are snapshotted and undone whole)"
-        )
 
 
 def _scaler_decides(optimizer: Any, kwargs: Any, record: Record) -> bool:

@@ -15,24 +15,27 @@ if TYPE_CHECKING:
     from typing import Any
 
     from autograd_guard._grad_check import PendingFlag
-    from autograd_guard._grad_step import SkipWindow, Snapshot
+    from autograd_guard._grad_dist import Sharing
 
 
 class Record:
     """One optimizer's bookkeeping."""
 
     __slots__ = (
+        "closure",
+        "depth",
         "evaluations",
         "flag",
         "in_a_row",
         "known",
         "pending",
-        "snapshot",
+        "shared_known",
+        "sharing",
+        "skipped",
+        "stale",
         "step",
         "trained",
-        "unhooked",
         "waiting",
-        "window",
     )
 
     def __init__(self) -> None:
@@ -41,12 +44,15 @@ class Record:
         self.waiting: dict[int, tuple[Any, int]] = {}  # id -> (parameter, its first step)
         self.trained = False  # some parameter got a gradient
         self.in_a_row = 0  # non-finite steps in a row
+        self.skipped = 0  # steps skipped (fix)
+        self.stale: list[tuple[int, int]] = []  # gradients a closure step left behind
         self.evaluations = 0  # closure evaluations in the step in progress
-        self.window: SkipWindow | None = None  # the step in progress is being skipped
-        self.snapshot: Snapshot | None = None
+        self.depth = 0  # gated steps of this optimizer in progress (super().step() nests)
+        self.closure: tuple[Any, int] | None = None  # the step's closure and its position
         self.flag: Any = None  # our found_inf, lent to a fused optimizer for this step
         self.pending: collections.deque[tuple[int, PendingFlag]] = collections.deque()
-        self.unhooked = False  # the step runs in our own wrapper (torch 2.1 after compile)
+        self.sharing: Sharing | None = None  # the ranks that decide this step together
+        self.shared_known = -1  # parameters counted when ``sharing`` was found
 
     def lost(self, params: list[Any], window: int) -> list[Any]:
         """Parameters that got no gradient for ``window`` steps while others did (each

@@ -1,11 +1,10 @@
-"""How grad_health skips one optimizer step without the user seeing it anywhere else.
+"""The pieces of one optimizer step that grad_health reads: its parameters, the closure
+passed to ``step`` and where, and a snapshot to undo a step whole.
 
-The optimizer skips parameters whose ``.grad`` is None (as torch documents), so the
-gradients are hidden from it only while it steps: after the user's step pre-hooks, before
-the user's step post-hooks (torch runs the global pre-hooks first and the global post-hooks
-last, so the window is made of per-optimizer hooks: the last pre-hook, the first post-hook).
-An optimizer that evaluates its closure several times (LBFGS) moves the weights between
-evaluations; its steps are snapshotted (weights and state) so that a step whose later
+A step with a closure computes its gradients inside the step body. torch's own optimizers
+evaluate the closure before they change anything; LBFGS evaluates it again after moving
+the weights, and a third-party optimizer may move them before (SAM's first step). Those
+steps are snapshotted (weights, state and ``param_groups``) so that a step whose
 evaluation is not finite is undone whole.
 """
 
@@ -17,7 +16,6 @@ import weakref
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
 _CLOSURE_AT: dict[type, int | None] = {}  # optimizer class -> position of step's closure
@@ -73,31 +71,40 @@ def with_closure(
     return (*args[:position], closure, *args[position + 1 :]), kwargs
 
 
-def evaluates_repeatedly(optimizer: Any) -> bool:
-    """Its closure runs several times per step (LBFGS, or seen doing so)."""
+def evaluates_first(optimizer: Any) -> bool:
+    """Its step evaluates the closure once, before it changes anything: torch's own
+    optimizers but LBFGS (and none seen doing otherwise)."""
+    kind = type(optimizer)
+    if kind in MULTI_EVALUATION or not kind.__module__.startswith("torch.optim."):
+        return False
     lbfgs = getattr(sys.modules["torch"].optim, "LBFGS", None)
-    return type(optimizer) in MULTI_EVALUATION or (
-        lbfgs is not None and isinstance(optimizer, lbfgs)
-    )
+    return lbfgs is None or not isinstance(optimizer, lbfgs)
 
 
 class Snapshot:
-    """The weights and optimizer state before a step, to undo it whole."""
+    """The weights, optimizer state and ``param_groups`` settings before a step, to undo
+    it whole."""
 
     def __init__(self, optimizer: Any) -> None:
         torch = sys.modules["torch"]
         self.optimizer = optimizer
         self.params = params_of(optimizer)
+        self.restored = False
         with torch.no_grad():
             self.weights = [p.detach().clone() for p in self.params]
         state = optimizer.state
         self.state = {id(p): _copy(state[p]) for p in self.params if p in state}
+        self.groups = [
+            {k: _copy(v) for k, v in group.items() if k != "params"}
+            for group in optimizer.param_groups
+        ]
 
     def restore(self) -> None:
         torch = sys.modules["torch"]
         with torch.no_grad():
             for param, weight in zip(self.params, self.weights, strict=True):
                 param.copy_(weight)
+        self.restored = True
         state = self.optimizer.state
         for param in self.params:
             saved = self.state.get(id(param))
@@ -107,6 +114,10 @@ class Snapshot:
                 current = state[param]
                 current.clear()
                 current.update(saved)
+        for group, saved_group in zip(self.optimizer.param_groups, self.groups, strict=False):
+            for key in [k for k in group if k != "params" and k not in saved_group]:
+                del group[key]
+            group.update(saved_group)
 
 
 def _copy(value: Any) -> Any:
@@ -118,56 +129,3 @@ def _copy(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_copy(v) for v in value)
     return value  # numbers, strings, None: immutable
-
-
-class SkipWindow:
-    """One skipped step: the gradients are kept from the optimizer while it steps and
-    given back before the user's step post-hooks; a snapshot, if any, is restored then."""
-
-    def __init__(self, params: list[Any], snapshot: Snapshot | None) -> None:
-        self.saved = [(p, p.grad) for p in params if p.grad is not None]
-        self.params = params
-        self.snapshot = snapshot
-        self.handles: list[Any] = []
-        self.restored = False
-
-    def hide(self, *_: Any) -> None:
-        for param in self.params:
-            param.grad = None
-
-    def restore(self, *_: Any) -> None:
-        if self.restored:
-            return
-        self.restored = True
-        if self.snapshot is not None:
-            self.snapshot.restore()
-        for param, grad in self.saved:
-            param.grad = grad
-
-    def attach(self, optimizer: Any, eager: Callable[[Any], Any], hide: bool) -> None:
-        """Hide as the last step pre-hook (``hide``), restore as the first post-hook. Only
-        from a global pre-hook or inside the step, where no per-optimizer hook dict is
-        being iterated."""
-        if hide:
-            self.handles.append(optimizer.register_step_pre_hook(eager(self.hide)))
-        handle = optimizer.register_step_post_hook(eager(self.restore))
-        self.handles.append(handle)
-        _move_first(handle)
-
-    def detach(self) -> None:
-        """Remove the hooks (from a global hook, once torch has iterated the optimizer's)."""
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
-
-
-def _move_first(handle: Any) -> None:
-    hooks = handle.hooks_dict_ref()
-    if hooks is None:
-        return
-    if hasattr(hooks, "move_to_end"):
-        hooks.move_to_end(handle.id, last=False)
-    else:  # a plain dict keeps insertion order: rebuild it in place
-        items = list(hooks.items())
-        hooks.clear()
-        hooks.update(sorted(items, key=lambda item: item[0] != handle.id))

@@ -74,7 +74,10 @@ def _render_line(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> str:
     """One short line for a person: the guard, what happened, where, the error (for an
     error event) and the remedy. The other fields (pid, process, version, ...) are in
     the JSON log (``AUTOGRAD_GUARD_LOG=FILE``)."""
-    line = f"autograd-guard {event_dict.get('level', 'warning')}: [{event_dict.get('guard')}/"
+    rank = event_dict.get("rank")
+    line = f"autograd-guard {event_dict.get('level', 'warning')}"
+    line += f" (rank {rank}): [" if rank is not None else ": ["
+    line += f"{event_dict.get('guard')}/"
     line += f"{event_dict.get('action')}] {event_dict.get('event')}"
     if event_dict.get("callsite", "-") != "-":
         line += f" at {event_dict['callsite']}"

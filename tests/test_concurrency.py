@@ -204,4 +204,4 @@ def test_torchrun_workers_are_guarded_and_carry_their_rank(guard_python, project
     # Both ranks share one stdout, so their lines can interleave.
     assert sorted(re.findall(r"rank (\d) all-reduced True", result.stdout)) == ["0", "1"]
     stages = [r for r in read_log(log) if r["guard"] == "grad_mode"]
-    assert sorted(r["rank"] for r in stages) == ["0", "1"]
+    assert sorted(r["rank"] for r in stages) == [0, 1]

@@ -280,7 +280,7 @@ def test_json_lines_log_has_the_required_fields_and_no_values(toy, tmp_path, mon
         "level",
     ):
         assert key in first, key
-    assert first["rank"] == "3"
+    assert first["rank"] == 3
     assert "123456" not in log.read_text()
     assert records[1]["tensor"] == "<Tensor shape=(2, 2) torch.float32>"
 

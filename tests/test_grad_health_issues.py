@@ -133,7 +133,8 @@ def test_lbfgs_strict_raises_with_the_weights_and_state_as_before_the_step():
             return {"error": str(error), **outcome([made["x"]], made["optimizer"])}
 
     _, guarded, _ = twin(program, {"mode": "strict"})
-    assert "evaluation 2 of the closure of this LBFGS step" in guarded["error"]
+    error = guarded["error"]
+    assert "at evaluation 2 of this LBFGS step's closure: the step was stopped and undone" in error
     assert_same(guarded["weights"], [torch.zeros(2)])
     assert guarded["state"][0]["state"] == {}
 
@@ -155,7 +156,7 @@ class TwiceEvaluated(torch.optim.Optimizer):
         return None
 
 
-def test_an_unknown_multi_evaluation_optimizer_is_told_as_it_happened_then_snapshotted():
+def test_an_optimizer_outside_torch_is_snapshotted_and_undone_whole_from_its_first_step():
     w = torch.nn.Parameter(torch.zeros(2))
     optimizer = TwiceEvaluated([w])
     calls = [0]
@@ -169,14 +170,12 @@ def test_an_unknown_multi_evaluation_optimizer_is_told_as_it_happened_then_snaps
     autograd_guard.install({})
     with capture_events() as events:
         optimizer.step(lambda: closure(True))  # evaluation 2 is not finite
-    moved = w.detach().clone()
-    assert torch.equal(moved, torch.ones(2))  # evaluation 1's update stayed, as said
+    assert torch.equal(w.detach(), torch.zeros(2))  # evaluation 1's update undone
+    assert calls == [2]  # stopped at the bad evaluation
     [event] = events[:1]
-    assert "evaluation 2" in event["event"] and "keep that update" in event["event"]
-    with capture_events() as events:
-        optimizer.step(lambda: closure(True))  # now snapshotted: undone whole
-    assert torch.equal(w.detach(), moved)
-    assert "was skipped at evaluation 2" in events[0]["event"]
+    assert "skipped: stopped at evaluation 2 of its closure and undone" in event["event"]
+    optimizer.step(lambda: closure(False))  # a healthy step runs whole
+    assert torch.equal(w.detach(), torch.ones(2))  # 0 -> 1, then a zero gradient
 
 
 # -- 3. the user's step hooks see the user's gradients ----------------------------------

@@ -31,16 +31,23 @@ import threading
 
 from autograd_guard._grad_check import FiniteCheck, all_values_finite, parameter_names
 from autograd_guard._grad_compile import EagerHooks
+from autograd_guard._grad_dist import local_gradient, user_names
 from autograd_guard._grad_flow import StepFlow
+from autograd_guard._grad_gate import SKIP, Gates
 from autograd_guard._grad_probe import BackwardProbe
-from autograd_guard._grad_record import Record, Records
-from autograd_guard.guard import Guard, Option, find_callsite
+from autograd_guard._grad_record import Records
+from autograd_guard._grad_words import ON_DEVICE, StepSites, step_outcome, stop_outcome
+from autograd_guard.errors import GuardError
+from autograd_guard.guard import Guard, Option
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, NoReturn
 
+    from autograd_guard._grad_closure import Evaluation
+    from autograd_guard._grad_dist import Sharing
+    from autograd_guard._grad_record import Record
     from autograd_guard.guard import Target
 
 NONFINITE_REMEDY = (
@@ -99,6 +106,8 @@ class GradHealth(StepFlow, Guard):
         self._records = Records()
         self._finite = FiniteCheck()
         self._hooks = EagerHooks()
+        self._gates = Gates(self._decide, self._finish, self._closure_step)
+        self._sites = StepSites()
         self._probe: BackwardProbe | None = None
         self._probes_left = 3  # a probe may find nothing (another thread's passes)
         self._named: set[tuple[str, str]] = set()  # (action, call site) named already
@@ -112,80 +121,131 @@ class GradHealth(StepFlow, Guard):
 
     def _dynamo_imported(self, dynamo: ModuleType) -> None:
         try:
+            self._gates.eager(dynamo.disable)
             self._hooks.dynamo_imported(dynamo, self._run_unhooked_step)
         except Exception as exc:  # fail open: the hooks run as they are
             self.fail("hook", exc)
 
     def _detach(self) -> None:
         self._hooks.remove()
-        for record in self._records.all():
-            if record.window is not None:
-                record.window.restore()
-                record.window.detach()
+        self._gates.remove()
         with self._probe_lock:
             if self._probe is not None:
                 self._probe.disarm()
                 self._probe = None
 
     def _nonfinite(
-        self, optimizer: Any, record: Record, with_grad: list[Any], on_device: bool = False
-    ) -> None:
-        site = _step_site()
-        names = self._names("nonfinite_gradient", site, with_grad)
+        self,
+        optimizer: Any,
+        record: Record,
+        bad: list[Any],
+        *,
+        gated: bool = True,
+        on_device: bool = False,
+        sharing: Sharing | None = None,
+        ranks: list[int] | None = None,
+        evaluation: Evaluation | None = None,
+    ) -> object:
+        """Report a non-finite step; the verdict (raises in strict)."""
+        site = self._sites.site(optimizer)
+        names = self._names("nonfinite_gradient", site, bad, sharing)
         what = f"non-finite gradient in {', '.join(names or ['some parameters'])}"
-        done = self._skip(optimizer, record, with_grad, on_device, what, site, names)
-        self.emit(
-            f"{what}: {done}",
-            action="nonfinite_gradient",
-            callsite=site,
-            parameters=names,
-            optimizer=type(optimizer).__name__,
-            evaluation=record.evaluations or None,
+        if ranks:
+            what += f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        speaks = sharing is None or sharing.first  # a group's decision: its first rank logs
+        if self.mode == "strict" and not on_device:
+            self._stop(optimizer, record, what, site, names, evaluation, speaks, ranks)
+        done, verdict = step_outcome(
+            self.mode, type(optimizer).__name__, gated, evaluation, record.evaluations
         )
-        self._arm_probe()
-        if record.nonfinite(self.config["stall_steps"]):
+        if on_device:
+            done = ON_DEVICE[self.mode]
+        if verdict == SKIP:
+            record.skipped += 1
+        if speaks:
             self.emit(
-                f"{record.in_a_row} optimizer steps in a row had non-finite gradients "
-                f"({'each was skipped' if self.mode == 'fix' else 'in ' + self.mode}): "
-                "training is not progressing",
-                action="training_stalled",
+                f"{what}: {done}",
+                action="nonfinite_gradient",
                 callsite=site,
-                level="error",
-                remedy=STALL_REMEDY,
-                steps=record.in_a_row,
+                parameters=names,
+                ranks=ranks,
+                optimizer=type(optimizer).__name__,
+                evaluation=record.evaluations or None,
             )
+        self._arm_probe()
+        if record.nonfinite(self.config["stall_steps"]) and speaks:
+            self._stalled(record, site)
+        return verdict
 
-    def _refuse(self, what: str, site: str, names: Any, moved: bool) -> NoReturn:
-        note = "; the weights had already been updated by its earlier evaluations" if moved else ""
-        event = f"{what} was stopped before the weights changed{note}"
+    def _stop(
+        self,
+        optimizer: Any,
+        record: Record,
+        what: str,
+        site: str,
+        names: Any,
+        evaluation: Evaluation | None,
+        speaks: bool,
+        ranks: list[int] | None,
+    ) -> NoReturn:
+        """strict: the step does not go on; what is true of the weights, said."""
+        kind = type(optimizer).__name__
+        event = f"{what} {stop_outcome(kind, evaluation, record.evaluations, bool(ranks))}"
         hint = " (observe or fix also name the backward op and the forward line)"
+        if not speaks:  # the group's first rank logs it; every rank raises
+            raise GuardError(
+                f"autograd-guard [{self.name}] at {site}: {event}. Remedy: {NONFINITE_REMEDY}{hint}"
+            )
         self.refuse(
             event,
             action="nonfinite_gradient",
             callsite=site,
             remedy=NONFINITE_REMEDY + hint,
             parameters=names,
+            ranks=ranks,
         )
 
-    def _names(self, action: str, site: str, params: list[Any]) -> list[str] | None:
-        """The non-finite parameters' names: one scan of live modules per call site (each
-        time in strict, which raises)."""
-        if not params or (self.mode != "strict" and (action, site) in self._named):
+    def _stalled(self, record: Record, site: str) -> None:
+        self.emit(
+            f"{record.in_a_row} optimizer steps in a row had non-finite gradients "
+            f"({'each was skipped' if self.mode == 'fix' else 'in ' + self.mode}): "
+            "training is not progressing",
+            action="training_stalled",
+            callsite=site,
+            level="error",
+            remedy=STALL_REMEDY,
+            steps=record.in_a_row,
+        )
+
+    def _names(
+        self, action: str, site: str, params: list[Any], sharing: Sharing | None
+    ) -> list[str] | None:
+        """The non-finite parameters' user names: one scan of live modules per call site
+        (each time in strict, which raises); a group's, from every rank of it."""
+        if sharing is None and (
+            not params or (self.mode != "strict" and (action, site) in self._named)
+        ):
             return None
         self._named.add((action, site))
-        bad = [p for p in params if not all_values_finite(p.grad)]
-        return parameter_names(bad or params)
+        names: list[str] = []
+        if params:
+            grads = [p.grad for p in params]
+            finite = [all_values_finite(local_gradient(g)) for g in grads]
+            bad = [p for p, ok in zip(params, finite, strict=True) if not ok] or params
+            grads = [p.grad for p in bad]
+            names = user_names(bad, parameter_names(bad), grads)
+        return sharing.gather_names(names) if sharing is not None else names
 
     # -- findings ----------------------------------------------------------------------
 
-    def _report_lost(self, lost: list[Any]) -> None:
+    def _report_lost(self, optimizer: Any, lost: list[Any]) -> None:
         names = parameter_names(lost)
         steps = self.config["lost_steps"]
         self.emit(
             f"{len(lost)} parameter(s) got no gradient in {steps} optimizer steps while the "
             f"others did: {', '.join(names)}",
             action="lost_gradient",
-            callsite=_step_site(),
+            callsite=self._sites.site(optimizer),
             remedy=LOST_REMEDY,
             parameters=names,
             shapes=[list(p.shape) for p in lost],
@@ -215,16 +275,11 @@ class GradHealth(StepFlow, Guard):
                 f"the first non-finite gradient came out of {op}, the backward of the "
                 f"forward operation on line {line}; seen by the optimizer step",
                 action="nonfinite_origin",
-                callsite=_step_site(),
+                callsite=self._sites.site(None),
                 remedy=ORIGIN_REMEDY,
                 op=op,
                 forward=line,
             )
-
-
-def _step_site() -> str:
-    """The user's ``optimizer.step()`` line."""
-    return find_callsite("torch", "autograd_guard")
 
 
 GUARD = GradHealth

@@ -1,0 +1,129 @@
+"""The layer between an optimizer's step hooks and its step body, where grad_health
+declines a step.
+
+torch wraps each optimizer class's ``step`` once (``Optimizer._patch_step_function``, run by
+``Optimizer.__init__``) with ``Optimizer.profile_hook_step``: the global and per-optimizer
+pre-hooks, then the body, then the post-hooks. The body is the wrapper's free variable
+``func``; the guard replaces that cell's contents with a gate, so that the check sees the
+gradients after every pre-hook (a user's hook that cleans them is respected), and a
+skipped step is a body that never ran, as ``GradScaler.step`` never calls
+``optimizer.step()`` when it finds an inf: weights, ``state``, every ``param_groups`` key,
+the optimizer's attributes and any inner optimizer are untouched, whatever the optimizer.
+The same wrapper code serves every torch from 2.1 to the newest; a class whose ``step``
+is not (or no longer) that wrapper has no gate, and the guard says it could not skip.
+"""
+
+from __future__ import annotations
+
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    # decide(optimizer args, kwargs) -> RUN, SKIP or CLOSURE; closure_step(body, args, kwargs)
+    Decide = Callable[[tuple[Any, ...], dict[str, Any]], object]
+    Finish = Callable[[Any], None]
+    ClosureStep = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+
+RUN, SKIP, CLOSURE = "run", "skip", "closure"
+_GATE = "_autograd_guard_gate"  # marks a gate of ours
+
+
+def make_gate(body: Callable[..., Any], gates: Gates) -> Callable[..., Any]:
+    """The body behind a verdict. Traceable by Dynamo: the verdict and the closure step
+    are the guard's, disabled for Dynamo once it is imported, so a compiled step body
+    stays compiled."""
+
+    def gate(*args: Any, **kwargs: Any) -> Any:
+        verdict = gates.decide(args, kwargs)
+        if verdict == SKIP:
+            return None
+        if verdict == CLOSURE:
+            return gates.closure_step(body, args, kwargs)
+        try:
+            return body(*args, **kwargs)
+        finally:
+            gates.finish(args[0])
+
+    setattr(gate, _GATE, body)
+    gate.__wrapped__ = body  # type: ignore[attr-defined]
+    return gate
+
+
+class Gates:
+    """The gates in torch's step wrappers, one per wrapper, each undone by ``remove``;
+    they call the guard's ``decide``, ``finish`` and ``closure_step``."""
+
+    def __init__(self, decide: Decide, finish: Finish, closure_step: ClosureStep) -> None:
+        self._plain = (decide, finish, closure_step)
+        self.decide, self.finish, self.closure_step = self._plain
+        self._cells: list[tuple[Any, Any]] = []  # (cell, the body it held)
+        self._seen: dict[type, bool] = {}  # optimizer class -> its step is gated
+        self._code: Any = None
+
+    def ensure(self, kind: type) -> bool:
+        """Gate every torch step wrapper on ``kind``'s MRO (a subclass's ``step`` calling
+        ``super().step()`` runs two). True when the class's own ``step`` is gated."""
+        known = self._seen.get(kind)
+        if known is not None:
+            return known
+        gated = False
+        for index, klass in enumerate(kind.__mro__):
+            step = klass.__dict__.get("step")
+            if step is None:
+                continue
+            cell = self._body_cell(step)
+            if cell is not None:
+                if not getattr(cell.cell_contents, _GATE, None):
+                    self._cells.append((cell, cell.cell_contents))
+                    cell.cell_contents = make_gate(cell.cell_contents, self)
+                gated = gated or index == _first_step(kind)
+        self._seen[kind] = gated
+        return gated
+
+    def eager(self, disable: Callable[[Any], Any]) -> None:
+        """Dynamo is imported: the guard's functions run eagerly from now on."""
+        self.decide, self.finish, self.closure_step = (disable(f) for f in self._plain)
+
+    def gate(self, body: Callable[..., Any]) -> Callable[..., Any]:
+        """A gate for a step that torch's wrapper does not call (torch 2.1 after compile)."""
+        return make_gate(body, self)
+
+    def remove(self) -> None:
+        for cell, body in reversed(self._cells):
+            if getattr(cell.cell_contents, _GATE, None) is body:
+                cell.cell_contents = body
+        self._cells = []
+        self._seen = {}
+
+    def _body_cell(self, step: Any) -> Any:
+        """The ``func`` cell of torch's wrapper, found through decorators' ``__wrapped__``."""
+        code = self._wrapper_code()
+        for _ in range(8):
+            if getattr(step, "__code__", None) is code and code is not None:
+                names = code.co_freevars
+                closure = step.__closure__
+                return closure[names.index("func")] if "func" in names and closure else None
+            step = getattr(step, "__wrapped__", None)
+            if step is None:
+                return None
+        return None
+
+    def _wrapper_code(self) -> Any:
+        if self._code is None:
+            optimizer = sys.modules["torch"].optim.Optimizer
+            try:
+                self._code = optimizer.profile_hook_step(lambda *a, **k: None).__code__
+            except Exception:
+                self._code = False
+        return self._code or None
+
+
+def _first_step(kind: type) -> int:
+    """The MRO index of the class that defines ``kind.step``."""
+    for index, klass in enumerate(kind.__mro__):
+        if "step" in klass.__dict__:
+            return index
+    return -1
