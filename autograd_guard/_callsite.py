@@ -30,23 +30,24 @@ WRAPPER_CODES: set[int] = set()
 _INFRASTRUCTURE = frozenset({"torch", "_pytest", "pytest", "pluggy", *sys.stdlib_module_names})
 
 
-def find_callsite(*libraries: str) -> str:
+def find_callsite(*libraries: str, start: FrameType | None = None) -> str:
     """``file:line`` of the code that called the wrapped function.
 
-    Starts above the engine's wrapper frame, so a guard's own frames never count
-    (wherever the guard lives), and skips wrapt. The first frame of the user's code wins:
-    outside torch, the standard library, test runners and the ``libraries`` (top-level
-    package names); else the first frame outside the infrastructure (a library's own
-    tests); else the first frame at all.
+    Starts above the engine's wrapper frame (or at ``start``), so a guard's own frames
+    never count (wherever the guard lives), and skips wrapt. The first frame of the
+    user's code wins: outside torch, the standard library, test runners and the
+    ``libraries`` (top-level package names); else the first frame outside the
+    infrastructure (a library's own tests); else the first frame at all.
     """
     if len(_OWN_DIRS) == 1:
         _OWN_DIRS.append(_wrapt_dir())
     own = tuple(_OWN_DIRS)
-    frame: FrameType | None = sys._getframe(1)
-    start = frame
-    while frame is not None and id(frame.f_code) not in WRAPPER_CODES:
-        frame = frame.f_back
-    frame = frame.f_back if frame is not None else start
+    frame: FrameType | None = start
+    if frame is None:
+        frame = start = sys._getframe(1)
+        while frame is not None and id(frame.f_code) not in WRAPPER_CODES:
+            frame = frame.f_back
+        frame = frame.f_back if frame is not None else start
     library_frame = first_frame = None
     while frame is not None:
         filename = frame.f_code.co_filename

@@ -100,7 +100,7 @@ class BackwardProbe:
 
         def probed(*args: Any, **kwargs: Any) -> Any:
             original = self._originals[name]
-            if not self.armed or self._finished():
+            if not self.armed or self._finished() or _in_transform():
                 return original(*args, **kwargs)
             pending: list[tuple[Any, list[Any]]] = []  # (node, its output sums), in order
             handles = self._hook_graph(args[0] if args else kwargs.get(keyword), pending)
@@ -149,6 +149,17 @@ class BackwardProbe:
                 pending.append((node, sums))
         except Exception as exc:
             self.error = exc
+
+
+def _in_transform() -> bool:
+    """A ``torch.func`` transform (vmap, grad, jacrev) runs this pass: its tensors are
+    wrapped per level and cannot be read outside it, so the probe steps aside."""
+    functorch = getattr(sys.modules["torch"]._C, "_functorch", None)
+    peek = getattr(functorch, "peek_interpreter_stack", None)
+    try:
+        return peek is not None and peek() is not None
+    except Exception:
+        return True
 
 
 def _first_nonfinite(torch: Any, pending: list[tuple[Any, list[Any]]]) -> tuple[str, str] | None:

@@ -3,6 +3,7 @@ that are true of the weights at the moment they are logged."""
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 from autograd_guard._callsite import find_callsite
@@ -11,6 +12,8 @@ from autograd_guard._grad_step import MULTI_EVALUATION
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
     from typing import Any
 
     from autograd_guard._grad_closure import Evaluation
@@ -86,14 +89,25 @@ def stop_outcome(kind: str, evaluation: Evaluation | None, evaluations: int, gro
 
 
 class StepSites:
-    """The user's ``optimizer.step()`` line, outside torch, this package and trainer
-    frameworks; optimizers stepped from one line (a framework's loop) are told apart."""
+    """The user's ``optimizer.step()`` line: the caller of the outermost step in progress
+    (not a closure's or an inner optimizer's line), outside torch, this package and
+    trainer frameworks; optimizers stepped from one line (a framework's loop) are told
+    apart."""
 
-    def __init__(self) -> None:
+    def __init__(self, step_codes: Callable[[], tuple[Any, ...]]) -> None:
         self._by_line: dict[str, list[Any]] = {}  # line -> weak refs of its optimizers
+        self._step_codes = step_codes
 
     def site(self, optimizer: Any) -> str:
-        line = find_callsite(*FRAMEWORKS, "autograd_guard")
+        codes = self._step_codes()
+        frame: FrameType | None = sys._getframe(1)
+        outermost = None
+        while frame is not None:
+            if frame.f_code in codes:
+                outermost = frame
+            frame = frame.f_back
+        start = outermost.f_back if outermost is not None else None
+        line = find_callsite(*FRAMEWORKS, "autograd_guard", start=start)
         if optimizer is None:
             return line
         refs = self._by_line.setdefault(line, [])
