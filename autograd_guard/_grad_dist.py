@@ -98,7 +98,8 @@ def _owners(dist: Any) -> dict[int, Any]:
     owners: dict[int, Any] = {}
     if not kinds:
         return owners
-    found: list[Any] = [obj for obj in gc.get_objects() if isinstance(obj, kinds)]
+    # type(), never isinstance: a deprecated proxy's __class__ warns (reduce_op)
+    found: list[Any] = [obj for obj in gc.get_objects() if issubclass(type(obj), kinds)]
     for obj in found:
         group = getattr(obj, "process_group", None) or dist.group.WORLD
         for param in obj.parameters():
