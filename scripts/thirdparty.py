@@ -35,6 +35,32 @@ PACKAGES: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
         {"PYTORCH3D_NO_EXTENSION": "1"},
         ["--no-build-isolation", "--no-binary", "easypytorch3d"],
     ),
+    # Training libraries whose optimizers and loops grad_health must skip steps in. Each
+    # comes with its own dependencies, pinned, but never torch, numpy, or what every torch
+    # install already has (typing-extensions, fsspec, filelock) or the guard needs
+    # (packaging): those come from the host. PyYAML's compiled part is for the installing
+    # Python; on another, PyYAML falls back to its pure-Python code on its own.
+    "pytorch_optimizer": (["pytorch_optimizer==4.1.0"], {}, []),
+    # huggingface_hub is left out: accelerate imports it only to save a model or in its
+    # CLI, and it would bring an HTTP stack (httpx2, hf-xet, click) with it.
+    "accelerate": (
+        ["accelerate==1.15.0", "psutil==7.2.2", "PyYAML==6.0.3", "safetensors==0.8.0"],
+        {},
+        [],
+    ),
+    # The unified package holds lightning.pytorch and lightning.fabric itself; the
+    # pytorch-lightning it also declares is the same code under the old name.
+    "lightning": (
+        [
+            "lightning==2.6.6",
+            "lightning-utilities==0.15.3",
+            "torchmetrics==1.9.0",
+            "tqdm==4.70.1",
+            "PyYAML==6.0.3",
+        ],
+        {},
+        [],
+    ),
 }
 
 

@@ -13,16 +13,21 @@ and its first ``torch.compile`` strips the wrapper that calls the step hooks fro
 ``torch.optim``'s classes; under the ``.pth`` the hooks are registered while ``import
 torch`` runs, before Dynamo can be told to leave them alone (every version).
 Upstream: pytorch/pytorch#160016 (a cheaper NaN finder).
-Remedy: at each ``optimizer.step()`` (after each evaluation of its closure, if it has one),
-one fused check for non-finite gradients: ``observe`` names the parameters, ``fix`` skips
-that step with weights and optimizer state untouched (a fused optimizer on CUDA is handed
-the flag and skips on the device, with no host sync; a closure evaluated several times is
-undone from a snapshot), ``strict`` raises before the weights change. The user's step hooks
-see the gradients either way. Steps that GradScaler hands to a fused optimizer are its to
-skip. After the first non-finite step, a few backward passes are recorded to name the
-backward op that first produced the value and the forward line that ran it. A parameter
-that gets no gradient over the first ``lost_steps`` steps while others do is a finding,
-named once; so is a run whose every step is non-finite for ``stall_steps`` steps.
+Remedy: at each ``optimizer.step()``, in a gate between torch's step hooks and the step
+body (after the user's pre-hooks, so a hook that cleans gradients is respected), one fused
+check of the gradients the step consumes: ``observe`` names the parameters; ``fix`` skips
+the step for real, its body never runs (weights, state, ``param_groups`` and inner
+optimizers as after a hand-written ``continue``; the post-hooks still run, as the lines
+after ``step()`` do); ``strict`` raises before the weights change. A closure step is
+checked after each evaluation and stopped there, undone from a snapshot where it may have
+moved the weights (LBFGS, SAM). Ranks that share the parameters (DDP, ZeRO, FSDP,
+DTensor) decide together through one all-reduced flag. A fused optimizer on CUDA is lent
+the flag and skips on the device, with no host sync; steps that GradScaler hands to a
+fused optimizer are its to skip. After the first non-finite step, a few backward passes
+are recorded to name the backward op that first produced the value and the forward line
+that ran it. A parameter that gets no gradient over the first ``lost_steps`` steps while
+others do is a finding, named once; so is a run whose every step is non-finite for
+``stall_steps`` steps.
 """
 
 from __future__ import annotations

@@ -38,7 +38,16 @@ MODES = ("fix", "observe", "strict")
 DEFAULT_MODES = ("fix",)
 CASE_KEYS = {"policy", "modes", "libraries", "files", "xfail"}
 EXPECTATION_KEYS = {"events", "maybe", "like", "raises", "stderr"}
-LIBRARIES = {"gsplat", "pytorch3d", "warp-1.5.1", "warp-1.19.0", "ipex-2.1.10+xpu"}
+LIBRARIES = {
+    "gsplat",
+    "pytorch3d",
+    "warp-1.5.1",
+    "warp-1.19.0",
+    "ipex-2.1.10+xpu",
+    "pytorch_optimizer",
+    "accelerate",
+    "lightning",
+}
 
 
 @dataclass(frozen=True)
