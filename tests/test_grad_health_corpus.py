@@ -186,7 +186,91 @@ def fused_adam() -> dict[str, object]:
     return outcome(model.parameters(), optimizer)
 
 
+def schedulers() -> dict[str, object]:
+    """OneCycle, ReduceLROnPlateau and SequentialLR, each stepped after its optimizer."""
+    lr = torch.optim.lr_scheduler
+    models = [mlp(), mlp(), mlp()]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
+    one_cycle = lr.OneCycleLR(optimizers[0], max_lr=0.5, total_steps=6)
+    plateau = lr.ReduceLROnPlateau(optimizers[1], patience=0)
+    sequential = lr.SequentialLR(
+        optimizers[2],
+        [lr.LinearLR(optimizers[2], 0.5, total_iters=2), lr.ExponentialLR(optimizers[2], 0.9)],
+        milestones=[2],
+    )
+    for _ in range(6):
+        losses = []
+        for model, optimizer in zip(models, optimizers, strict=True):
+            optimizer.zero_grad()
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        one_cycle.step()
+        plateau.step(losses[1])
+        sequential.step()
+    params = [p for m in models for p in m.parameters()]
+    states = [s.state_dict() for s in (one_cycle, plateau)]
+    return outcome(params, *optimizers, schedulers=states)
+
+
+def per_parameter_steps_in_backward() -> dict[str, object]:
+    """An optimizer per parameter, stepped from a post-accumulate-grad hook (torch's
+    recipe for fusing the step into backward)."""
+    model = mlp()
+    optimizers = {p: torch.optim.Adam([p], lr=1e-2) for p in model.parameters()}
+    if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+        pytest.skip("no post-accumulate-grad hooks in this torch")
+
+    def step(param: torch.Tensor) -> None:
+        optimizers[param].step()
+        optimizers[param].zero_grad()
+
+    for param in model.parameters():
+        param.register_post_accumulate_grad_hook(step)
+    for _ in range(4):
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+    return outcome(model.parameters(), *optimizers.values())
+
+
+def differentiable_sgd() -> dict[str, object]:
+    """A meta-learning step: ``differentiable=True`` keeps the update in the graph, and
+    the gradient of the updated weights flows back to the gradient that was used."""
+    w = torch.nn.Parameter(torch.ones(3))
+    given = torch.full((3,), 0.5, requires_grad=True)
+    inner = w.clone()
+    optimizer = torch.optim.SGD([inner], lr=0.1, momentum=0.9, differentiable=True)
+    for _ in range(3):
+        inner.grad = given * 1.0
+        optimizer.step()
+    (inner * torch.arange(3.0)).sum().backward()
+    return outcome([w], optimizer, given_grad=given.grad, w_grad=w.grad)
+
+
+def resumed_from_a_checkpoint() -> dict[str, object]:
+    """Save, deepcopy, load a state_dict into a new optimizer and train on."""
+    import copy
+
+    model = mlp()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _epoch in range(2):
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            optimizer.step()
+        saved = copy.deepcopy(optimizer.state_dict())
+        clone = copy.deepcopy(optimizer)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        optimizer.load_state_dict(saved)
+        del clone
+    return outcome(model.parameters(), optimizer)
+
+
 LOOPS = [
+    schedulers,
+    per_parameter_steps_in_backward,
+    differentiable_sgd,
+    resumed_from_a_checkpoint,
     accumulation,
     gan,
     swa,
