@@ -71,6 +71,7 @@ class ClosureFlow:
     fail: Callable[[str, BaseException], None]
     _check: Callable[..., object]
     _nonfinite: Callable[..., object]
+    _leave: Callable[[Record], None]
 
     def _closure_step(self, body: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         optimizer = args[0]
@@ -80,7 +81,7 @@ class ClosureFlow:
             record.closure = None
             evaluation, verdict = self._closure_starts(optimizer, record, kwargs)
         except GuardError:
-            record.depth = 0
+            self._leave(record)
             raise
         except Exception as exc:  # fail open: the step runs as it would unguarded
             self.fail("step check", exc)
@@ -101,7 +102,7 @@ class ClosureFlow:
                     evaluation.undo()  # strict stopped it: back to before the step
                 raise
         finally:
-            record.depth = 0
+            self._leave(record)
             record.stale = _grad_versions(optimizer)
 
     def _closure_starts(

@@ -9,6 +9,7 @@ A mixin of ``GradHealth``: the guard holds the state and reports; this is the fl
 from __future__ import annotations
 
 import sys
+import threading
 
 from autograd_guard._grad_check import PendingFlag
 from autograd_guard._grad_closure import ClosureFlow
@@ -42,6 +43,7 @@ class StepFlow(ClosureFlow):
     _finite: FiniteCheck
     _hooks: EagerHooks
     _gates: Gates
+    _stepping: threading.local  # steps in progress on this thread
     _probe: BackwardProbe | None
     fail: Callable[[str, BaseException], None]
     _nonfinite: Callable[..., object]
@@ -72,28 +74,40 @@ class StepFlow(ClosureFlow):
         if not self.active:
             return RUN
         record = self._records.get(optimizer)
-        if record.depth:  # super().step() of a step being checked
-            record.depth += 1
+        nested = record.depth or self._stepping.__dict__.get("depth", 0)
+        self._enter(record)
+        if nested:  # super().step(), or an inner optimizer of a step being checked
             return RUN
         try:
             if record.flag is not None:
                 self._step_over(optimizer, record)  # the last step raised before its post-hooks
-            record.depth = 1
             verdict = self._step_starts(optimizer, record, args, kwargs, gated)
         except GuardError:
-            record.depth = 0
+            self._leave(record)
             raise
         except Exception as exc:  # fail open
             self.fail("step check", exc)
             return RUN
         if verdict == SKIP:
-            record.depth = 0
+            self._leave(record)
         return verdict
 
     def _finish(self, optimizer: Any) -> None:
         record = self._records.find(optimizer)
-        if record is not None and record.depth:
+        if record is not None:
+            self._leave(record)
+
+    def _enter(self, record: Record) -> None:
+        """A step of this optimizer is in progress on this thread (steps nest)."""
+        record.depth += 1
+        stepping = self._stepping.__dict__
+        stepping["depth"] = stepping.get("depth", 0) + 1
+
+    def _leave(self, record: Record) -> None:
+        if record.depth:
             record.depth -= 1
+            stepping = self._stepping.__dict__
+            stepping["depth"] = max(stepping.get("depth", 1) - 1, 0)
 
     def _step_starts(
         self, optimizer: Any, record: Record, args: Any, kwargs: Any, gated: bool

@@ -113,6 +113,7 @@ class GradHealth(StepFlow, Guard):
         self._hooks = EagerHooks()
         self._gates = Gates(self._decide, self._finish, self._closure_step)
         self._sites = StepSites(self._gates.step_codes)
+        self._stepping = threading.local()
         self._probe: BackwardProbe | None = None
         self._probes_left = 3  # a probe may find nothing (another thread's passes)
         self._named: set[tuple[str, str]] = set()  # (action, call site) named already
