@@ -22,6 +22,7 @@ NOT_INTERVENTIONS = frozenset(
         "compiled_unguarded",
         "scripted_unguarded",
         "not_converted",
+        "steps_skipped",
         "summary",
     }
 )

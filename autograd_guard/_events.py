@@ -44,15 +44,27 @@ def at_exit(check: Callable[[], None]) -> None:
     _register_summary()
 
 
-def reset() -> None:
-    """Forget which call sites were seen (a fresh ``install``)."""
+def fail_at_exit(status: int) -> None:
+    """strict: the process ends with ``status`` (an exception raised at exit would not
+    change it): set once the summary has been logged, as the last exit handler of ours."""
+    STATE.exit_status, STATE.exit_pid = status, os.getpid()  # not a fork's
+    _register_summary()
+
+
+def reset(totals: bool = False) -> None:
+    """Forget which call sites were seen (a fresh ``install``, a test's capture): each is
+    logged again. The process's totals, which the exit summary counts, are kept unless
+    ``totals`` (a command of the command line leaves none of its own)."""
     with STATE.event_lock:
         STATE.counts.clear()
+        if totals:
+            STATE.totals.clear()
 
 
 def counts() -> dict[tuple[str, str, str], int]:
+    """Every event of the process, counted by (guard, action, call site)."""
     with STATE.event_lock:
-        return dict(STATE.counts)
+        return dict(STATE.totals)
 
 
 def add_listener(listener: Listener) -> None:
@@ -78,9 +90,17 @@ def process_id() -> str:
 
 
 def emit(
-    event: str, *, guard: str, action: str, callsite: str, level: str = "warning", **fields: Any
+    event: str,
+    *,
+    guard: str,
+    action: str,
+    callsite: str,
+    level: str = "warning",
+    always: bool = False,
+    **fields: Any,
 ) -> bool:
-    """Log ``event`` the first time (guard, action, callsite) is seen; count it every time.
+    """Log ``event`` the first time (guard, action, callsite) is seen (every time with
+    ``always``, for an event its guard repeats at a bounded rate); count it every time.
 
     Returns True when the event was logged. Never raises.
     """
@@ -88,8 +108,9 @@ def emit(
     with STATE.event_lock:
         seen = STATE.counts.get(key, 0)
         STATE.counts[key] = seen + 1
+        STATE.totals[key] = STATE.totals.get(key, 0) + 1
         listeners = list(STATE.listeners)
-    if seen or STATE.muted:
+    if (seen and not always) or STATE.muted:
         return False
     record: dict[str, Any] = {
         "event": event,
@@ -156,6 +177,11 @@ def _summary_at_exit() -> None:
             check()
         except Exception:
             pass
+    _log_summary()
+    _exit_with_status()
+
+
+def _log_summary() -> None:
     rows = summary()
     if not rows:
         return
@@ -176,3 +202,19 @@ def _summary_at_exit() -> None:
         )
     except Exception:
         pass
+
+
+def _exit_with_status() -> None:
+    """strict with a finding: flush what is buffered and end with a non-zero status (the
+    summary's handler was registered at install, so the program's own handlers have run)."""
+    status = STATE.exit_status
+    if not status or os.getpid() != STATE.exit_pid:
+        return
+    try:
+        sys.stderr.write(
+            f"autograd-guard: strict: the run ended with a finding (above); exit status {status}\n"
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(status)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from autograd_guard._grad_gate import Gates
     from autograd_guard._grad_probe import BackwardProbe
     from autograd_guard._grad_record import Record, Records
+    from autograd_guard._grad_words import StepSites
 
 
 class StepFlow(ClosureFlow):
@@ -43,12 +44,13 @@ class StepFlow(ClosureFlow):
     _finite: FiniteCheck
     _hooks: EagerHooks
     _gates: Gates
+    _sites: StepSites
     _stepping: threading.local  # steps in progress on this thread
     _probe: BackwardProbe | None
     fail: Callable[[str, BaseException], None]
     _nonfinite: Callable[..., object]
-    _report_lost: Callable[[Any, list[Any]], None]
-    _probe_finished: Callable[[BackwardProbe], None]
+    _report_lost: Callable[..., None]
+    _probe_finished: Callable[..., None]
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The first global pre-hook: gate the optimizer's class (once per class); a class
@@ -114,6 +116,8 @@ class StepFlow(ClosureFlow):
     ) -> object:
         record.step += 1
         record.evaluations = 0
+        if record.site is None:  # once per optimizer: for what is said of it at exit
+            record.kind, record.site = type(optimizer).__name__, self._sites.site(optimizer)
         # optimizer.step() with no argument, the common case, has no closure
         closure = closure_of(optimizer, args, kwargs) if kwargs or len(args) > 1 else None
         if closure is not None and closure[0] is not None:

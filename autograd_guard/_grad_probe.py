@@ -38,6 +38,7 @@ class BackwardProbe:
         self.recorded = self.stepped = 0
         self.armed = False
         self.origin: tuple[str, str] | None = None  # (backward op, forward file:line)
+        self.tainted = False  # a pass's forward was already non-finite (weights or inputs)
         self.error: Exception | None = None  # the probe's own failure, for the guard
         self._eager = eager
         self._originals: dict[str, Any] = {}  # "backward"/"grad" -> torch's function
@@ -90,6 +91,7 @@ class BackwardProbe:
     def _finished(self) -> bool:
         return (
             self.origin is not None
+            or self.tainted
             or self.error is not None
             or self.recorded >= self.passes
             or time.monotonic() > self._deadline
@@ -102,7 +104,7 @@ class BackwardProbe:
             original = self._originals[name]
             if not self.armed or self._finished() or _in_transform():
                 return original(*args, **kwargs)
-            pending: list[tuple[Any, list[Any]]] = []  # (node, its output sums), in order
+            pending: list[tuple[Any, int, list[Any]]] = []  # (node, its output sums), in order
             handles = self._hook_graph(args[0] if args else kwargs.get(keyword), pending)
             try:
                 return original(*args, **kwargs)
@@ -111,7 +113,7 @@ class BackwardProbe:
 
         return probed
 
-    def _hook_graph(self, tensors: Any, pending: list[tuple[Any, list[Any]]]) -> list[Any]:
+    def _hook_graph(self, tensors: Any, pending: list[tuple[Any, int, list[Any]]]) -> list[Any]:
         """Hooks on this pass's nodes, each writing to this pass's ``pending`` (another
         thread's pass has its own; on CUDA the hooks run in autograd's device threads)."""
         torch = sys.modules["torch"]
@@ -125,17 +127,21 @@ class BackwardProbe:
             self.error = exc
         return handles
 
-    def _pass_done(self, handles: list[Any], pending: list[tuple[Any, list[Any]]]) -> None:
+    def _pass_done(self, handles: list[Any], pending: list[tuple[Any, int, list[Any]]]) -> None:
         self.recorded += 1
         try:
             for handle in handles:
                 handle.remove()
-            self.origin = _first_nonfinite(sys.modules["torch"], pending)
+            found = _first_nonfinite(sys.modules["torch"], pending)
+            if found == TAINTED:
+                self.tainted = True
+            elif found is not None:
+                self.origin = found
         except Exception as exc:
             self.error = exc
 
     def _check_node(
-        self, node: Any, pending: list[tuple[Any, list[Any]]], grad_inputs: Any, _: Any
+        self, node: Any, pending: list[tuple[Any, int, list[Any]]], grad_inputs: Any, _: Any
     ) -> None:
         # Nodes run in topological order: the first one whose output is not finite, all
         # of whose inputs came from nodes before it, made the value.
@@ -145,8 +151,11 @@ class BackwardProbe:
         try:
             with torch.no_grad():
                 sums = [gradient_sum(torch, g) for g in grad_inputs if g is not None]
+                outputs = len(sums)
+                if sums:  # what the forward op saw: a value already non-finite is no origin
+                    sums += [gradient_sum(torch, t) for t in _saved_tensors(node)]
             if sums:
-                pending.append((node, sums))
+                pending.append((node, outputs, sums))
         except Exception as exc:
             self.error = exc
 
@@ -162,9 +171,37 @@ def _in_transform() -> bool:
         return True
 
 
-def _first_nonfinite(torch: Any, pending: list[tuple[Any, list[Any]]]) -> tuple[str, str] | None:
-    """The first node in ``pending`` with a non-finite output, read with one sync per device."""
-    flat = [flag for _, flags in pending for flag in flags]
+TAINTED = ("", "")  # the first non-finite output came of non-finite forward values
+
+
+def _saved_tensors(node: Any) -> list[Any]:
+    """The floating-point tensors a backward node saved from its forward op."""
+    names = _SAVED.get(type(node))
+    if names is None:
+        names = _SAVED[type(node)] = [n for n in dir(type(node)) if n.startswith("_saved_")]
+    torch = sys.modules["torch"]
+    found = []
+    for name in names:
+        try:
+            value = getattr(node, name)
+        except Exception:  # freed, or not readable for this node
+            continue
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, torch.Tensor) and (item.is_floating_point() or item.is_complex()):
+                found.append(item)
+    return found
+
+
+_SAVED: dict[type, list[str]] = {}
+
+
+def _first_nonfinite(
+    torch: Any, pending: list[tuple[Any, int, list[Any]]]
+) -> tuple[str, str] | None:
+    """The first node in ``pending`` with a non-finite output from finite forward values
+    (``TAINTED`` when the first such output came of non-finite ones), read with one sync
+    per device."""
+    flat = [flag for _, _, flags in pending for flag in flags]
     by_device: dict[Any, list[int]] = {}
     for index, flag in enumerate(flat):
         by_device.setdefault(flag.device, []).append(index)
@@ -174,8 +211,10 @@ def _first_nonfinite(torch: Any, pending: list[tuple[Any, list[Any]]]) -> tuple[
         for i, value in zip(indices, values, strict=True):
             finite[i] = value
     index = 0
-    for node, flags in pending:
-        if not all(finite[index : index + len(flags)]):
+    for node, outputs, flags in pending:
+        if not all(finite[index : index + outputs]):
+            if not all(finite[index + outputs : index + len(flags)]):
+                return TAINTED
             return type(node).__name__, _forward_line(node)
         index += len(flags)
     return None

@@ -27,10 +27,12 @@ class Record:
         "evaluations",
         "flag",
         "in_a_row",
+        "kind",
         "known",
         "pending",
         "shared_known",
         "sharing",
+        "site",
         "skipped",
         "stale",
         "step",
@@ -45,6 +47,8 @@ class Record:
         self.trained = False  # some parameter got a gradient
         self.in_a_row = 0  # non-finite steps in a row
         self.skipped = 0  # steps skipped (fix)
+        self.kind = ""  # the optimizer's class name
+        self.site: str | None = None  # where its first step was called from
         self.stale: list[tuple[int, int]] = []  # gradients a closure step left behind
         self.evaluations = 0  # closure evaluations in the step in progress
         self.depth = 0  # gated steps of this optimizer in progress (super().step() nests)
@@ -78,10 +82,28 @@ class Record:
                 self.waiting[id(param)] = (param, self.step)
         self.known = len(params)
 
+    def never_trained(self, floor: int = 3) -> list[Any]:
+        """At exit: parameters that got no gradient in all of at least ``floor`` steps of
+        theirs, while others did (a run shorter than the lost-gradient window)."""
+        if not self.trained:
+            return []
+        return [
+            param
+            for param, first in self.waiting.values()
+            if param.grad is None and self.step - first + 1 >= floor
+        ]
+
     def nonfinite(self, stall_steps: int) -> bool:
-        """Count a non-finite step; True when the run has just stalled."""
+        """Count a non-finite step; True when the run has just stalled, and again each
+        time the stall's length doubles (a bounded rate)."""
         self.in_a_row += 1
-        return self.in_a_row == stall_steps
+        n = self.in_a_row
+        return (
+            bool(stall_steps)
+            and n >= stall_steps
+            and n % stall_steps == 0
+            and ((n // stall_steps) & (n // stall_steps - 1) == 0)
+        )
 
 
 class Records:

@@ -38,12 +38,15 @@ class State:
         self.registered: list[Any] = []  # guard classes added by ``guards.register``
         self.forget_install()
         # events
-        self.counts: dict[tuple[str, str, str], int] = {}
+        self.counts: dict[tuple[str, str, str], int] = {}  # since the last reset
+        self.totals: dict[tuple[str, str, str], int] = {}  # the process's, for the summary
         self.listeners: list[Any] = []
         self.log = "stderr"  # where events go: the policy's ``log`` key
         self.log_source = "default"  # where that was set, for messages
         self.logger: Any = None
         self.exit_checks: list[Any] = []  # run at exit, before the summary
+        self.exit_status = 0  # strict: a finding ends the process with this status
+        self.exit_pid = 0  # the process that found it
         self.muted = False  # a command of the command line runs: events are counted, not shown
         self.process: tuple[int, str] | None = None
 

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if quiet:  # nothing of the command's own is left for an exit summary
             _events.mute(False)
-            _events.reset()
+            _events.reset(totals=True)
 
 
 def _parser() -> argparse.ArgumentParser:

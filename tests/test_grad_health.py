@@ -287,24 +287,40 @@ class Norm(torch.nn.Module):
         return self.lin(x).pow(2).sum(1).pow(0.5)  # POW: d/dx at an exact zero is inf
 
 
-def test_the_op_and_line_inside_a_module_are_named_once_in_observe():
-    import inspect
-
+def norm_run(mode: str) -> list[dict]:
     net = Norm()
     torch.nn.init.zeros_(net.lin.weight)
     torch.nn.init.zeros_(net.lin.bias)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-    autograd_guard.install({"mode": "observe"})
+    autograd_guard.install({"mode": mode})
     with capture_events() as events:
         for _ in range(6):
             optimizer.zero_grad()
             net(torch.ones(2, 3)).sum().backward()
             optimizer.step()
-    first, origin = events  # six bad steps: each event once
+    return events
+
+
+def test_the_op_and_line_inside_a_module_are_named_once_in_fix():
+    import inspect
+
+    first, origin = norm_run("fix")  # six bad steps: each event once
     assert first["parameters"] == ["lin.weight", "lin.bias"]
     lines, start = inspect.getsourcelines(Norm)
     line = start + next(i for i, s in enumerate(lines) if "# POW" in s)
     assert origin["op"] == "PowBackward0" and origin["forward"] == f"{__file__}:{line}"
+    assert not torch.is_anomaly_enabled() and torch.autograd.backward is ORIGINAL_BACKWARD
+
+
+def test_observe_never_blames_an_op_of_a_forward_that_was_already_not_finite():
+    # observe let the first NaN step through: the next forward runs on NaN weights, and
+    # the first op whose backward is not finite (the loss's) did not make the value
+    first, origin = norm_run("observe")
+    assert first["parameters"] == ["lin.weight", "lin.bias"]
+    assert "nonfinite_origin event follows" in first["remedy"]
+    assert "op" not in origin and "could not be found" in origin["event"]
+    assert "already non-finite in the forward pass" in origin["event"]
+    assert "AUTOGRAD_GUARD=fix" in origin["remedy"] and "detect_anomaly" in origin["remedy"]
     assert not torch.is_anomaly_enabled() and torch.autograd.backward is ORIGINAL_BACKWARD
 
 

@@ -34,15 +34,16 @@ from __future__ import annotations
 
 import threading
 
+from autograd_guard import _events
 from autograd_guard._grad_check import FiniteCheck, all_values_finite, parameter_names
 from autograd_guard._grad_compile import EagerHooks
 from autograd_guard._grad_dist import local_gradient, user_names
+from autograd_guard._grad_findings import FIND_IT, MAKE_SAFE, Findings, stop
 from autograd_guard._grad_flow import StepFlow
 from autograd_guard._grad_gate import SKIP, Gates
 from autograd_guard._grad_probe import BackwardProbe
 from autograd_guard._grad_record import Records
 from autograd_guard._grad_words import ON_DEVICE, StepSites, step_outcome, stop_outcome
-from autograd_guard.errors import GuardError
 from autograd_guard.guard import Guard, Option
 
 TYPE_CHECKING = False
@@ -55,29 +56,12 @@ if TYPE_CHECKING:
     from autograd_guard._grad_record import Record
     from autograd_guard.guard import Target
 
-NONFINITE_REMEDY = (
-    "make the op named by the nonfinite_origin event safe for gradients (sqrt(x + eps), "
-    "clamp its input, torch.where on a safe input) or lower the learning rate"
-)
-LOST_REMEDY = (
-    "find where the parameter leaves the autograd graph (.detach(), .data, torch.no_grad, "
-    "a NumPy round trip), or set requires_grad=False if it is meant to stay frozen"
-)
-ORIGIN_REMEDY = (
-    "make that forward operation safe for gradients: add an epsilon (sqrt(x + eps)), "
-    "clamp its input, or compute it with torch.where on a safe input"
-)
-STALL_REMEDY = (
-    "stop the run and fix the op named by nonfinite_origin, or resume from a checkpoint: "
-    "a step with non-finite gradients does not train"
-)
 
-
-class GradHealth(StepFlow, Guard):
+class GradHealth(StepFlow, Findings, Guard):
     name = "grad_health"
     symptom = "a parameter gets no gradient, or a non-finite gradient reaches the optimizer"
     upstream = "https://github.com/pytorch/pytorch/issues/160016"
-    remedy = NONFINITE_REMEDY
+    remedy = f"find the op that made the value: {FIND_IT}; then {MAKE_SAFE}"
     modules = ("torch.optim.optimizer",)
     options = {
         "lost_steps": Option(
@@ -99,10 +83,16 @@ class GradHealth(StepFlow, Guard):
         "stall_steps": Option(
             int,
             20,
-            "non-finite steps in a row after which the run is said, once and as an error, "
-            "not to be training (0: off)",
+            "non-finite steps in a row after which the run is said, as an error, not to be "
+            "training (again each time the stall's length doubles; 0: off)",
             minimum=0,
             maximum=1_000_000,
+        ),
+        "on_stall": Option(
+            str,
+            "warn",
+            "what a stall does: log an error (warn) or stop the run with a GuardError (raise)",
+            choices=("warn", "raise"),
         ),
     }
 
@@ -124,6 +114,7 @@ class GradHealth(StepFlow, Guard):
 
         self._hooks.register(module, self._before_step, self._after_step)
         _importer.when_imported("torch._dynamo", self._dynamo_imported)
+        _events.at_exit(self._exit_check)
 
     def _dynamo_imported(self, dynamo: ModuleType) -> None:
         try:
@@ -131,6 +122,10 @@ class GradHealth(StepFlow, Guard):
             self._hooks.dynamo_imported(dynamo, self._run_unhooked_step)
         except Exception as exc:  # fail open: the hooks run as they are
             self.fail("hook", exc)
+
+    def _exit_check(self) -> None:
+        if self.active:
+            self._at_exit()
 
     def _detach(self) -> None:
         self._hooks.remove()
@@ -177,8 +172,10 @@ class GradHealth(StepFlow, Guard):
                 ranks=ranks,
                 optimizer=type(optimizer).__name__,
                 evaluation=record.evaluations or None,
+                remedy=self._nonfinite_remedy(),
             )
-        self._arm_probe()
+        if bad:
+            self._arm_probe()
         if record.nonfinite(self.config["stall_steps"]) and speaks:
             self._stalled(record, site)
         return verdict
@@ -197,30 +194,16 @@ class GradHealth(StepFlow, Guard):
         """strict: the step does not go on; what is true of the weights, said."""
         kind = type(optimizer).__name__
         event = f"{what} {stop_outcome(kind, evaluation, record.evaluations, bool(ranks))}"
-        hint = " (observe or fix also name the backward op and the forward line)"
+        remedy = self._nonfinite_remedy()
         if not speaks:  # the group's first rank logs it; every rank raises
-            raise GuardError(
-                f"autograd-guard [{self.name}] at {site}: {event}. Remedy: {NONFINITE_REMEDY}{hint}"
-            )
+            raise stop(self.name, site, event, remedy)
         self.refuse(
             event,
             action="nonfinite_gradient",
             callsite=site,
-            remedy=NONFINITE_REMEDY + hint,
+            remedy=remedy,
             parameters=names,
             ranks=ranks,
-        )
-
-    def _stalled(self, record: Record, site: str) -> None:
-        self.emit(
-            f"{record.in_a_row} optimizer steps in a row had non-finite gradients "
-            f"({'each was skipped' if self.mode == 'fix' else 'in ' + self.mode}): "
-            "training is not progressing",
-            action="training_stalled",
-            callsite=site,
-            level="error",
-            remedy=STALL_REMEDY,
-            steps=record.in_a_row,
         )
 
     def _names(
@@ -241,51 +224,6 @@ class GradHealth(StepFlow, Guard):
             grads = [p.grad for p in bad]
             names = user_names(bad, parameter_names(bad), grads)
         return sharing.gather_names(names) if sharing is not None else names
-
-    # -- findings ----------------------------------------------------------------------
-
-    def _report_lost(self, optimizer: Any, lost: list[Any]) -> None:
-        names = parameter_names(lost)
-        steps = self.config["lost_steps"]
-        self.emit(
-            f"{len(lost)} parameter(s) got no gradient in {steps} optimizer steps while the "
-            f"others did: {', '.join(names)}",
-            action="lost_gradient",
-            callsite=self._sites.site(optimizer),
-            remedy=LOST_REMEDY,
-            parameters=names,
-            shapes=[list(p.shape) for p in lost],
-        )
-
-    def _arm_probe(self) -> None:
-        passes = self.config["localize_steps"]
-        with self._probe_lock:
-            if self._probe is None and self._probes_left > 0 and passes:
-                self._probes_left -= 1
-                probe = BackwardProbe(passes, passes + 2, self._hooks.eager)
-                probe.arm()
-                self._probe = probe
-
-    def _probe_finished(self, probe: BackwardProbe) -> None:
-        with self._probe_lock:
-            if self._probe is not probe:
-                return
-            self._probe = None
-            if probe.origin is not None:
-                self._probes_left = 0
-        if probe.error is not None:
-            self.fail("localise", probe.error)
-        elif probe.origin is not None:
-            op, line = probe.origin
-            self.emit(
-                f"the first non-finite gradient came out of {op}, the backward of the "
-                f"forward operation on line {line}; seen by the optimizer step",
-                action="nonfinite_origin",
-                callsite=self._sites.site(None),
-                remedy=ORIGIN_REMEDY,
-                op=op,
-                forward=line,
-            )
 
 
 GUARD = GradHealth

@@ -1,0 +1,177 @@
+"""grad_health's diagnosis, as a newcomer meets it, through the real ``.pth`` of the built
+wheel: every statement true, every pointer leading to an event that comes, findings that
+fail a strict run, a stall that is never quiet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import run_python
+
+SQRT = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+for step in range({steps}):
+    optimizer.zero_grad()
+    out = model(torch.randn(16, 4))
+    target = out.detach() if step in {bad} else torch.zeros_like(out)
+    loss = (out - target).pow(2).sum(-1).sqrt().mean()  # SQRT: an exact zero
+    loss.backward()
+    optimizer.step()
+print("finite:", all(bool(p.isfinite().all()) for p in model.parameters()))
+"""
+
+DETACHED = """
+import torch
+backbone, head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD([*backbone.parameters(), *head.parameters()], lr=0.01)
+for step in range({steps}):
+    optimizer.zero_grad()
+    features = backbone(torch.randn(16, 4)).detach()  # the backbone never trains
+    head(features).pow(2).mean().backward()
+    optimizer.step()
+print("done")
+"""
+
+
+def run(python: Path, tmp_path: Path, code: str, mode: str, **env: str):
+    log = tmp_path / f"{mode}.jsonl"
+    result = run_python(
+        python, code, tmp_path, check=False, AUTOGRAD_GUARD=mode, AUTOGRAD_GUARD_LOG=str(log),
+        **env,
+    )  # fmt: skip
+    events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return result, [e for e in events if e["action"] != "summary"], events
+
+
+def test_sqrt_of_zero_in_fix_names_the_op_and_the_line(guard_python, tmp_path):
+    result, events, _ = run(guard_python, tmp_path, SQRT.format(steps=8, bad="(3, 4, 5)"), "fix")
+    assert result.returncode == 0 and "finite: True" in result.stdout
+    first, origin, *rest = events
+    assert first["action"] == "nonfinite_gradient" and "skipped" in first["event"]
+    assert "nonfinite_origin event follows" in first["remedy"]
+    assert origin["op"] == "SqrtBackward0" and origin["forward"] == "<string>:10"  # SQRT
+    assert [e["action"] for e in rest] == ["steps_skipped"]
+    assert rest[0]["skipped"] == 3 and rest[0]["steps"] == 8
+
+
+def test_sqrt_of_zero_in_observe_blames_no_op_of_an_already_poisoned_forward(
+    guard_python, tmp_path
+):
+    result, events, _ = run(guard_python, tmp_path, SQRT.format(steps=8, bad="(3,)"), "observe")
+    assert "finite: False" in result.stdout  # observe changes nothing
+    first, origin = events
+    assert "fix would skip it" in first["event"]
+    assert "op" not in origin and "already non-finite in the forward pass" in origin["event"]
+    assert "AUTOGRAD_GUARD=fix" in origin["remedy"]
+
+
+def test_sqrt_of_zero_in_strict_says_what_is_known_and_how_to_get_the_rest(guard_python, tmp_path):
+    result, events, _ = run(guard_python, tmp_path, SQRT.format(steps=8, bad="(3,)"), "strict")
+    assert result.returncode != 0 and "GuardError" in result.stderr
+    [event] = events
+    assert "stopped on every" not in event["event"]  # one process: no group
+    assert "before the weights changed" in event["event"]
+    assert "nonfinite_origin" not in event["remedy"]  # strict arms no localiser
+    assert "AUTOGRAD_GUARD=fix" in event["remedy"] and "detect_anomaly" in event["remedy"]
+
+
+def test_a_one_off_nan_says_its_origin_could_not_be_found_and_what_will(guard_python, tmp_path):
+    result, events, _ = run(guard_python, tmp_path, SQRT.format(steps=8, bad="(2,)"), "fix")
+    assert result.returncode == 0
+    first, origin, skipped = events
+    assert first["action"] == "nonfinite_gradient"
+    assert "could not be found" in origin["event"] and "one-off" in origin["event"]
+    assert "detect_anomaly" in origin["remedy"]
+    assert skipped["event"].startswith("1 of 8 optimizer steps of this Adam were skipped")
+
+
+def test_a_nan_at_the_last_step_still_gets_its_origin_event(guard_python, tmp_path):
+    _result, events, _ = run(guard_python, tmp_path, SQRT.format(steps=4, bad="(3,)"), "fix")
+    assert [e["action"] for e in events][:2] == ["nonfinite_gradient", "nonfinite_origin"]
+    assert "the run ended before another backward pass" in events[1]["event"]
+
+
+def test_a_detached_backbone_in_a_short_run_is_named_at_exit(guard_python, tmp_path):
+    result, events, _ = run(guard_python, tmp_path, DETACHED.format(steps=50), "fix")
+    assert result.returncode == 0
+    [lost] = events
+    assert lost["action"] == "lost_gradient" and "in 50 optimizer steps" in lost["event"]
+    assert lost["parameters"] == ["weight", "bias"] and lost["shapes"] == [[8, 4], [8]]
+
+
+def test_strict_fails_a_short_run_with_a_finding(guard_python, tmp_path):
+    result, events, _ = run(guard_python, tmp_path, DETACHED.format(steps=50), "strict")
+    assert "done" in result.stdout  # the program ran to its end
+    assert result.returncode == 3, result.stderr
+    assert "exit status 3" in result.stderr
+    assert [e["level"] for e in events] == ["error"]
+
+
+def test_strict_raises_at_the_step_that_finds_a_lost_gradient(guard_python, tmp_path):
+    policy = tmp_path / "autograd_guard.toml"
+    policy.write_text("[guards.grad_health]\nlost_steps = 5\n")
+    result, _events, _ = run(guard_python, tmp_path, DETACHED.format(steps=50), "strict")
+    assert "done" not in result.stdout and "GuardError" in result.stderr
+    assert "got no gradient in 5 optimizer steps" in result.stderr
+
+
+def test_correct_code_is_silent_in_strict(guard_python, tmp_path):
+    code = SQRT.format(steps=8, bad="()")
+    result, events, everything = run(guard_python, tmp_path, code, "strict")
+    assert result.returncode == 0 and events == [] and everything == []
+
+
+NAN_EVERY_STEP = SQRT.format(steps=90, bad="range(90)")
+
+
+def test_nan_on_every_step_is_never_quiet(guard_python, tmp_path):
+    _result, events, everything = run(guard_python, tmp_path, NAN_EVERY_STEP, "fix")
+    stalls = [e for e in events if e["action"] == "training_stalled"]
+    assert [e["steps"] for e in stalls] == [20, 40, 80]  # again each time it doubles
+    assert "20 of 20 steps of this optimizer skipped" in stalls[0]["event"]
+    [skipped] = [e for e in events if e["action"] == "steps_skipped"]
+    assert skipped["event"].startswith("90 of 90 optimizer steps") and skipped["level"] == "error"
+    [summary] = [e for e in everything if e["action"] == "summary"]
+    assert any("steps_skipped" in site for site in summary["sites"])
+
+
+@pytest.mark.parametrize("mode", ["fix", "observe"])
+def test_on_stall_raise_stops_the_run(guard_python, tmp_path, mode):
+    (tmp_path / "autograd_guard.toml").write_text('[guards.grad_health]\non_stall = "raise"\n')
+    result, _events, _ = run(guard_python, tmp_path, NAN_EVERY_STEP, mode)
+    assert "GuardError" in result.stderr and "training is not progressing" in result.stderr
+    assert result.returncode != 0
+
+
+TWO_TESTS = """
+import torch
+
+def nan_step():
+    w = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([w], lr=0.1)
+    torch.sqrt((w * 0).pow(2).sum()).backward()
+    optimizer.step()
+
+def test_a(autograd_guard_events):
+    nan_step()
+    assert autograd_guard_events
+
+def test_b(autograd_guard_events):
+    nan_step()
+    assert autograd_guard_events
+"""
+
+
+def test_the_pytest_plugins_summary_counts_every_test(guard_python, tmp_path):
+    (tmp_path / "test_two.py").write_text(TWO_TESTS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    code = "import pytest, sys; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider']))"
+    result, _, everything = run(guard_python, tmp_path, code, "fix")
+    assert result.returncode == 0, result.stdout
+    [summary] = [e for e in everything if e["action"] == "summary"]
+    assert summary["event"].startswith("summary: 2 interventions at 1 call site")
