@@ -1,0 +1,324 @@
+"""One rank of a real 2-rank grad_health job: torchrun, gloo, CPU.
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 \\
+        tests/distributed/worker.py SCENARIO VARIANT OUTDIR
+
+Every rank builds the same small model (same seed), trains it for ``STEPS`` steps on
+data of its own, and a NaN gets in at step ``NAN_STEP`` (where, depends on the scenario).
+The variant says who is to deal with it:
+
+- ``plain``, ``observe``, ``fix``, ``strict``: the loop calls ``optimizer.step()`` always
+  (the guard, if ``AUTOGRAD_GUARD`` is set, does what its mode says);
+- ``handfix``: the hand-written rank-consistent skip (``consumed_finite``): no rank steps
+  if any rank's consumed gradients are not finite;
+- ``clean``: as ``plain``, with no NaN put in.
+
+Each rank writes ``OUTDIR/rank{N}.pt``: its final weights and optimizer state (rank-local:
+local shards for ZeRO and FSDP), the same after every step (``history``), what happened,
+and the user name of the parameter it poisoned.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+STEPS = 6
+NAN_STEP = 3
+NAN = float("nan")
+
+
+class Job:
+    """What a scenario sets up: the model that runs forward, its optimizer, how the NaN
+    gets in, and (some_ranks_step) a purely local module and optimizer."""
+
+    def __init__(self, model, optimizer, poison=None, poison_input=False, local=None):
+        self.model = model
+        self.optimizer = optimizer
+        self.poison = poison  # called after backward at NAN_STEP: returns the name it poisoned
+        self.poison_input = poison_input  # rank 1's input is multiplied by NaN at NAN_STEP
+        self.local = local  # (module, optimizer) only rank 0 steps, or None
+        self.poisoned = None
+
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+def adam(params):
+    return torch.optim.Adam(params, lr=0.01)
+
+
+def ddp(model):
+    return nn.parallel.DistributedDataParallel(model)
+
+
+# -- scenarios: each returns a Job ---------------------------------------------------------
+
+
+def ddp_nan_one_rank(rank):
+    model = ddp(make_model())
+    opt = adam(model.parameters())
+
+    def poison():
+        if rank != 1:
+            return None
+        model.module[0].weight.grad[0, 0] = NAN  # after DDP's all-reduce: rank 1's alone
+        return "0.weight"
+
+    return Job(model, opt, poison)
+
+
+def ddp_nan_spread(rank):
+    model = ddp(make_model())
+    return Job(model, adam(model.parameters()), poison_input=True)
+
+
+def zero(rank, own_shard):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model = ddp(make_model())
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
+    names = {id(p): n for n, p in model.module.named_parameters()}
+    shard = {id(p) for group in opt.optim.param_groups for p in group["params"]}
+
+    def poison():
+        if rank != 1:
+            return None
+        mine = [p for p in model.parameters() if (id(p) in shard) == own_shard]
+        mine[0].grad.view(-1)[0] = NAN
+        return names[id(mine[0])]
+
+    return Job(model, opt, poison)
+
+
+def zero_own_shard(rank):
+    return zero(rank, own_shard=True)
+
+
+def zero_other_shard(rank):
+    return zero(rank, own_shard=False)
+
+
+def fsdp1_shard_nan(rank):
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    original = make_model()
+    sizes = [(n, p.numel()) for n, p in original.named_parameters()]
+    # device_id=None: "FSDP needs a non-CPU accelerator device" (torch 2.13 without CUDA)
+    cpu = torch.device("cpu")
+    model = FullyShardedDataParallel(original, use_orig_params=False, device_id=cpu)
+
+    def poison():
+        if rank != 1:
+            return None
+        (flat,) = model.parameters()  # this rank's shard of the one flat parameter
+        flat.grad[0] = NAN
+        # the flat parameter is the original ones in order, cut into equal shards
+        offset, start = rank * flat.numel(), 0
+        for name, numel in sizes:
+            if start <= offset < start + numel:
+                return name
+            start += numel
+        raise AssertionError("the shard starts in padding")
+
+    return Job(model, adam(model.parameters()), poison)
+
+
+def fsdp2_nan(rank):
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch 2.4-2.5
+        from torch.distributed._composable.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = make_model()
+    fully_shard(model, mesh=init_device_mesh("cpu", (2,)))
+
+    def poison():
+        if rank != 1:
+            return None
+        with torch.no_grad():
+            model[0].weight.grad.to_local()[0, 0] = NAN  # rank 1 holds rows 4-7 of 0.weight
+        return "0.weight"
+
+    return Job(model, adam(model.parameters()), poison)
+
+
+def some_ranks_step(rank):
+    model = ddp(make_model())
+    torch.manual_seed(1)
+    local = nn.Linear(3, 1)  # not shared: only rank 0 steps its optimizer
+
+    def poison():
+        if rank == 0:
+            local.weight.grad[0, 0] = NAN
+            return "weight"
+        return None
+
+    return Job(model, adam(model.parameters()), poison, local=(local, adam(local.parameters())))
+
+
+SCENARIOS = {
+    f.__name__: f
+    for f in (
+        ddp_nan_one_rank,
+        ddp_nan_spread,
+        zero_own_shard,
+        zero_other_shard,
+        fsdp1_shard_nan,
+        fsdp2_nan,
+        some_ranks_step,
+    )
+}
+
+
+# -- the training loop ---------------------------------------------------------------------
+
+
+def local_tensor(t):
+    """A DTensor's local shard; any other tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def consumed(optimizer):
+    """The parameters whose gradients this rank's optimizer reads."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    inner = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    return [p for group in inner.param_groups for p in group["params"] if p.grad is not None]
+
+
+def locally_finite(optimizer):
+    return all(bool(torch.isfinite(local_tensor(p.grad)).all()) for p in consumed(optimizer))
+
+
+def consumed_finite(optimizer):
+    """The hand-written rank-consistent check: True where every rank's consumed gradients
+    are finite (one all-reduce; every rank calls it at every step)."""
+    flag = torch.tensor([0.0 if locally_finite(optimizer) else 1.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() == 0.0
+
+
+def snapshot(job):
+    """This rank's weights and optimizer state, rank-local and detached."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    opt = job.optimizer
+    inner = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
+    state = {
+        "weights": [copy(p) for p in job.model.parameters()],
+        "optimizer": copy(inner.state_dict()),
+    }
+    if job.local is not None:
+        module, local_opt = job.local
+        state["local_weights"] = [copy(p) for p in module.parameters()]
+        state["local_optimizer"] = copy(local_opt.state_dict())
+    return state
+
+
+def copy(value):
+    if isinstance(value, torch.Tensor):
+        return local_tensor(value.detach()).clone()
+    if isinstance(value, dict):
+        return {k: copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(copy(v) for v in value)
+    return value
+
+
+def batch(step, rank):
+    generator = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(8, 4, generator=generator), torch.randn(8, 2, generator=generator)
+
+
+def guard_error():
+    """The guard's error class where the guard is on; unguarded runs import nothing of it."""
+    if os.environ.get("AUTOGRAD_GUARD"):
+        from autograd_guard.errors import GuardError
+
+        return GuardError
+    return ()  # catches nothing
+
+
+def train(job, rank, variant):
+    refused = guard_error()
+    inject = variant != "clean"
+    history, happened = [], []
+    for step in range(STEPS):
+        nan_step = inject and step == NAN_STEP
+        x, y = batch(step, rank)
+        if nan_step and job.poison_input and rank == 1:
+            x = x * NAN  # the all-reduce spreads it to every rank
+        loss = F.mse_loss(job.model(x), y)
+        if job.local is not None:
+            loss = loss + job.local[0](x[:, :3]).pow(2).mean()
+        loss.backward()
+        if nan_step and job.poison is not None:
+            job.poisoned = job.poison()
+        stop = False
+        if variant == "handfix" and not consumed_finite(job.optimizer):
+            happened.append(f"skipped step {step}")
+        else:
+            try:
+                job.optimizer.step()
+            except refused:
+                happened.append(f"raised at step {step}")
+                stop = True
+        job.optimizer.zero_grad()
+        if job.local is not None:
+            local_step(job, rank, variant, step, happened, refused)
+        history.append(snapshot(job))
+        if stop:
+            break
+    return history, happened
+
+
+def local_step(job, rank, variant, step, happened, refused):
+    """some_ranks_step: rank 0 alone steps its local optimizer; the hand-written skip is
+    local too (no collective). A refusal in strict is recorded and training goes on."""
+    opt = job.local[1]
+    if rank == 0:
+        if variant == "handfix" and not locally_finite(opt):
+            happened.append(f"skipped local step {step}")
+        else:
+            try:
+                opt.step()
+            except refused:
+                happened.append(f"local raised at step {step}")
+    opt.zero_grad()
+
+
+def main():
+    scenario, variant, outdir = sys.argv[1:4]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    job = SCENARIOS[scenario](rank)
+    history, happened = train(job, rank, variant)
+    result = {
+        "rank": rank,
+        "happened": happened,
+        "poisoned": job.poisoned,
+        "final": history[-1],
+        "history": history,
+    }
+    torch.save(result, os.path.join(outdir, f"rank{rank}.pt"))
+    print(f"rank {rank}: {scenario}/{variant}: {happened or 'stepped every step'}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # gloo's teardown at interpreter exit sometimes aborts on torch 2.13 ("terminate called
+    # without an active exception"), guard or no guard: leave without it.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,336 @@
+"""grad_health in real 2-rank jobs: torchrun, gloo, CPU, the guard started by the wheel's
+``.pth``. Select them with ``pytest tests/test_grad_health_distributed.py`` or ``-m
+distributed``.
+
+Each run is ``torch.distributed.run --standalone --nproc_per_node 2
+tests/distributed/worker.py SCENARIO VARIANT OUTDIR`` (its docstring says what the
+scenarios and variants do); a run that does not end within ``TIMEOUT`` is killed and fails
+its test (a hang). A NaN gets in at step ``NAN_STEP``. The contract, per scenario:
+
+- ``handfix`` (the hand-written rank-consistent skip) is the reference: ``fix`` ends
+  bit-identical to it on every rank (weights and optimizer state), with one
+  ``nonfinite_gradient`` event for the whole job, logged by rank 0, naming the parameter
+  by its user name and the ranks that had the NaN;
+- ``strict`` raises ``GuardError`` on every rank at the same step, no rank having stepped;
+- ``observe`` is ``plain``, bit for bit;
+- unguarded, the NaN does the harm the scenario is about (replicas drift apart, the
+  weights are poisoned), which the ``plain`` runs show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import wheelenv
+
+pytestmark = pytest.mark.distributed
+
+WORKER = Path(__file__).resolve().parent / "distributed" / "worker.py"
+TIMEOUT = 120  # seconds for one torchrun job; a run takes ~6 s
+NAN_STEP = 3  # the worker's
+GUARDED = ("observe", "fix", "strict")
+DDP, SPREAD, SOME_RANKS = "ddp_nan_one_rank", "ddp_nan_spread", "some_ranks_step"
+ZERO_OWN, ZERO_OTHER = "zero_own_shard", "zero_other_shard"
+FSDP1, FSDP2 = "fsdp1_shard_nan", "fsdp2_nan"
+WRAPPER_NAMES = ("_flat_param", "_fsdp_wrapped_module")
+
+
+def fsdp2_missing() -> str | None:
+    """Why FSDP2 cannot run in this torch, or None."""
+    for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "fully_shard"):
+            return None
+    return f"FSDP2 (fully_shard) is not in torch {torch.__version__}"
+
+
+def fsdp1_on_cpu_missing() -> str | None:
+    """Why FSDP1 cannot run on CPU in this torch, or None: its lazy init makes its streams
+    with ``device_handle.Stream(priority=...)``, which torch 2.1's ``torch.cpu.Stream``
+    does not take (``device_id=None`` asks for CUDA instead)."""
+    try:
+        torch.cpu.Stream(priority=0)
+    except TypeError as exc:
+        return (
+            f"FSDP1 cannot run on CPU in torch {torch.__version__}: its first forward calls "
+            f"torch.cpu.Stream(priority=0), which raises TypeError: {exc}"
+        )
+    return None
+
+
+def scenario_params() -> list[object]:
+    fsdp1, fsdp2 = fsdp1_on_cpu_missing(), fsdp2_missing()
+    return [
+        DDP,
+        SPREAD,
+        ZERO_OWN,
+        ZERO_OTHER,
+        pytest.param(FSDP1, marks=pytest.mark.skipif(fsdp1 is not None, reason=str(fsdp1))),
+        pytest.param(FSDP2, marks=pytest.mark.skipif(fsdp2 is not None, reason=str(fsdp2))),
+        SOME_RANKS,
+    ]
+
+
+SCENARIOS = scenario_params()
+# where a NaN reaches a consumed gradient (ZeRO's other shard: a gradient nobody reads)
+SKIPPING = [s for s in SCENARIOS if s != ZERO_OTHER]
+
+
+class Run:
+    """One finished job: each rank's record (the worker's ``rank{N}.pt``) and the
+    grad_health events of the JSON log."""
+
+    def __init__(self, outdir: Path, output: str) -> None:
+        self.output = output
+        self.ranks = [torch.load(outdir / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+        log = outdir / "events.jsonl"
+        lines = log.read_text().splitlines() if log.exists() else []
+        self.events = [json.loads(line) for line in lines]
+
+    def nonfinite(self) -> list[dict[str, object]]:
+        return [
+            e
+            for e in self.events
+            if e["guard"] == "grad_health" and e["action"] == "nonfinite_gradient"
+        ]
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes started, directly or not, by ``pid`` (torchrun's workers run in
+    sessions of their own, out of reach of its process group)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [c for c, p in parents.items() if p in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def launch(python: Path, scenario: str, variant: str, outdir: Path) -> Run | str:
+    """Run one job; a Run, or why it failed."""
+    env = wheelenv.clean_environ(OMP_NUM_THREADS="1")
+    if variant in GUARDED:
+        env.update(AUTOGRAD_GUARD=variant, AUTOGRAD_GUARD_LOG=str(outdir / "events.jsonl"))
+    command = [
+        str(python),
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(WORKER),
+        scenario,
+        variant,
+        str(outdir),
+    ]
+    with subprocess.Popen(
+        command,
+        cwd=outdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            output, _ = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            for pid in [proc.pid, *descendants(proc.pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            return f"{scenario}/{variant} hung, killed after {TIMEOUT} s:\n{output[-6000:]}"
+    if proc.returncode != 0:
+        return f"{scenario}/{variant} exited {proc.returncode}:\n{output[-6000:]}"
+    return Run(outdir, output)
+
+
+@pytest.fixture(scope="module")
+def job(guard_python: Path, tmp_path_factory: pytest.TempPathFactory):
+    """``job(scenario, variant)``: the finished Run, each launched once per module (in
+    sequence: the machine has 2 cores)."""
+    runs: dict[tuple[str, str], Run | str] = {}
+
+    def run(scenario: str, variant: str) -> Run:
+        key = (scenario, variant)
+        if key not in runs:
+            outdir = tmp_path_factory.mktemp(f"{scenario}-{variant}")
+            runs[key] = launch(guard_python, scenario, variant, outdir)
+        result = runs[key]
+        if isinstance(result, str):
+            pytest.fail(result, pytrace=False)
+        return result
+
+    return run
+
+
+# -- comparing ---------------------------------------------------------------------------
+
+
+def differences(a: object, b: object, where: str = "") -> list[str]:
+    """Where ``a`` and ``b`` differ: tensors bit for bit (NaN included), the rest by ==."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return [f"{where}: {a.dtype}{tuple(a.shape)} != {b.dtype}{tuple(b.shape)}"]
+        if torch.equal(bits(a), bits(b)):
+            return []
+        return [f"{where}: {a.flatten()[:6].tolist()} != {b.flatten()[:6].tolist()}"]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{where}: keys {sorted(a, key=str)} != {sorted(b, key=str)}"]
+        return [d for k in a for d in differences(a[k], b[k], f"{where}[{k!r}]")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{where}: {len(a)} items != {len(b)}"]
+        pairs = enumerate(zip(a, b, strict=True))
+        return [d for i, (x, y) in pairs for d in differences(x, y, f"{where}[{i}]")]
+    return [] if a == b else [f"{where}: {a!r} != {b!r}"]
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).contiguous().view(torch.uint8)
+
+
+def assert_same(a: object, b: object, what: str) -> None:
+    diffs = differences(a, b)
+    assert not diffs, f"{what} differ in {len(diffs)} places: " + "; ".join(diffs[:4])
+
+
+def assert_ranks_equal(a: Run, b: Run, what: str, key: str = "final") -> None:
+    """Every rank of ``a`` ends as the same rank of ``b`` (weights and optimizer state)."""
+    for rank in (0, 1):
+        assert_same(a.ranks[rank][key], b.ranks[rank][key], f"rank {rank}: {what}")
+
+
+def finite(state: dict[str, list[torch.Tensor]], key: str = "weights") -> bool:
+    return all(bool(torch.isfinite(w).all()) for w in state[key])
+
+
+def skipped(run: Run) -> list[list[str]]:
+    return [r["happened"] for r in run.ranks]
+
+
+def poisoned_name(plain: Run) -> str:
+    """The user name of the parameter the NaN went into (all of them: ``0.weight``)."""
+    names = [r["poisoned"] for r in plain.ranks if r["poisoned"] is not None]
+    return names[0] if names else "0.weight"
+
+
+def user_name(name: str, wanted: str) -> bool:
+    """``name`` is ``wanted``, also under DDP's ``module.`` prefix."""
+    return name == wanted or name == f"module.{wanted}"
+
+
+# -- unguarded: the harm, and the hand-written skip that avoids it ---------------------------
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_unguarded_runs_show_the_harm_and_the_handwritten_skip_avoids_it(job, scenario):
+    plain, handfix = job(scenario, "plain"), job(scenario, "handfix")
+    after_nan = [r["history"][NAN_STEP] for r in plain.ranks]
+    if scenario == ZERO_OTHER:  # a gradient no optimizer reads: harmless, nothing skipped
+        assert_ranks_equal(plain, job(scenario, "clean"), "plain and the run without a NaN")
+        assert_ranks_equal(handfix, plain, "handfix and plain")
+        assert skipped(handfix) == [[], []]
+        return
+    if scenario == SOME_RANKS:  # rank 0's local optimizer; the DDP model is not touched
+        assert not finite(after_nan[0], "local_weights")
+        assert skipped(handfix) == [[f"skipped local step {NAN_STEP}"], []]
+        for rank in handfix.ranks:
+            assert finite(rank["final"]) and finite(rank["final"], "local_weights")
+        assert_same(*(r["final"]["weights"] for r in handfix.ranks), "the DDP replicas")
+        assert_same(
+            handfix.ranks[1]["final"]["local_weights"],
+            handfix.ranks[1]["history"][0]["local_weights"],
+            "rank 1's local weights, never stepped,",
+        )
+        return
+    if scenario in (SPREAD, ZERO_OWN):  # DDP's all-reduce, ZeRO's broadcast
+        assert not finite(after_nan[0]) and not finite(after_nan[1])
+    else:  # rank 1's copy or shard alone is poisoned: the replicas drift apart
+        assert finite(after_nan[0]) and not finite(after_nan[1])
+        if scenario == DDP:
+            assert differences(after_nan[0]["weights"], after_nan[1]["weights"])
+    assert skipped(handfix) == [[f"skipped step {NAN_STEP}"]] * 2
+    for rank in handfix.ranks:
+        assert finite(rank["final"])
+    if scenario in (DDP, SPREAD, ZERO_OWN):  # replicated weights stay replicated
+        assert_same(*(r["final"]["weights"] for r in handfix.ranks), "the replicas")
+
+
+# -- guarded ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_fix_ends_as_the_handwritten_skip_with_one_event(job, scenario):
+    fixed, handfix = job(scenario, "fix"), job(scenario, "handfix")
+    assert skipped(fixed) == [[], []], "fix raised"
+    assert_ranks_equal(fixed, handfix, "fix and handfix")
+    events = fixed.nonfinite()
+    if scenario == ZERO_OTHER:
+        assert events == [], "no optimizer reads the non-finite gradient"
+        return
+    assert len(events) == 1, f"one nonfinite_gradient event per job: {events}"
+    (event,) = events
+    assert str(event.get("rank")) == "0", f"logged by the group's first rank: {event}"
+    names = event.get("parameters") or []
+    wanted = poisoned_name(job(scenario, "plain"))
+    assert any(user_name(n, wanted) for n in names), f"{wanted} not named: {names}"
+    assert not [n for n in names if any(w in n for w in WRAPPER_NAMES)], names
+    if scenario == SOME_RANKS:  # a local optimizer: rank 0's decision alone
+        assert event.get("ranks", [0]) == [0], event
+    else:
+        assert event.get("ranks") == ([0, 1] if scenario == SPREAD else [1]), event
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_strict_raises_on_every_rank_before_any_steps(job, scenario):
+    strict = job(scenario, "strict")
+    if scenario == ZERO_OTHER:  # nothing non-finite is consumed: nothing to refuse
+        assert skipped(strict) == [[], []]
+        assert_ranks_equal(strict, job(scenario, "plain"), "strict and plain")
+        assert strict.nonfinite() == []
+        return
+    handfix = job(scenario, "handfix")
+    if scenario == SOME_RANKS:  # rank 0's local step is refused; the job goes on
+        assert skipped(strict) == [[f"local raised at step {NAN_STEP}"], []]
+        assert_ranks_equal(strict, handfix, "strict and handfix")
+        return
+    assert skipped(strict) == [[f"raised at step {NAN_STEP}"]] * 2, "not every rank raised"
+    for rank in (0, 1):
+        assert_same(
+            strict.ranks[rank]["final"],
+            handfix.ranks[rank]["history"][NAN_STEP - 1],
+            f"rank {rank}: strict after its refusal and handfix before step {NAN_STEP}",
+        )
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_observe_changes_nothing(job, scenario):
+    observed, plain = job(scenario, "observe"), job(scenario, "plain")
+    assert skipped(observed) == [[], []]
+    for rank in (0, 1):
+        assert_same(
+            observed.ranks[rank]["history"],
+            plain.ranks[rank]["history"],
+            f"rank {rank}: observe and plain, step by step",
+        )
