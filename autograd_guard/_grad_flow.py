@@ -152,7 +152,7 @@ class StepFlow(ClosureFlow):
         slot = self._finite.slot(first.device) if plain else None
         if slot is not None and slot.deferred and self._lend_flag(optimizer, record, grads, slot):
             return RUN
-        if self._finite.all_finite([local_gradient(g) for g in grads], slot):
+        if self._finite.all_finite(grads if plain else [local_gradient(g) for g in grads], slot):
             record.in_a_row = 0
             return RUN
         bad = [p for p in consumed if p.grad is not None]
@@ -203,6 +203,8 @@ class StepFlow(ClosureFlow):
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         record = self._records.find(optimizer)
+        if record is not None:
+            self._leave(record)  # the step ran (its gate left nothing else to finish)
         try:
             if record is not None and (record.flag is not None or record.pending):
                 self._step_over(optimizer, record)

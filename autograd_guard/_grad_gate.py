@@ -34,7 +34,8 @@ _GATE = "_autograd_guard_gate"  # marks a gate of ours
 def make_gate(body: Callable[..., Any], gates: Gates) -> Callable[..., Any]:
     """The body behind a verdict. Traceable by Dynamo: the verdict and the closure step
     are the guard's, disabled for Dynamo once it is imported, so a compiled step body
-    stays compiled."""
+    stays compiled. A step that ran is finished by the guard's post-hook; one that
+    raised, here."""
 
     def gate(*args: Any, **kwargs: Any) -> Any:
         verdict = gates.decide(args, kwargs)
@@ -44,8 +45,9 @@ def make_gate(body: Callable[..., Any], gates: Gates) -> Callable[..., Any]:
             return gates.closure_step(body, args, kwargs)
         try:
             return body(*args, **kwargs)
-        finally:
+        except BaseException:
             gates.finish(args[0])
+            raise
 
     setattr(gate, _GATE, body)
     gate.__wrapped__ = body  # type: ignore[attr-defined]
