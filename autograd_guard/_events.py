@@ -205,16 +205,39 @@ def _log_summary() -> None:
 
 
 def _exit_with_status() -> None:
-    """strict with a finding: flush what is buffered and end with a non-zero status (the
-    summary's handler was registered at install, so the program's own handlers have run)."""
+    """strict with a finding: end with a non-zero status. The summary's handler is
+    registered at install (under the ``.pth``, at interpreter start), so the program's
+    own exit handlers have run; what ``os._exit`` would skip is done first: logging is
+    shut down and every open file flushed. A program that failed already keeps its own
+    status (an uncaught exception's 1)."""
     status = STATE.exit_status
     if not status or os.getpid() != STATE.exit_pid:
         return
+    failed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     try:
         sys.stderr.write(
-            f"autograd-guard: strict: the run ended with a finding (above); exit status {status}\n"
+            "autograd-guard: strict: the run ended with a finding (above)"
+            + ("\n" if failed else f"; exit status {status}\n")
         )
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(status)
+        if failed:
+            return
+        _flush_everything()
+    except Exception:
+        pass
+    os._exit(status)
+
+
+def _flush_everything() -> None:
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        logging.shutdown()
+    import gc
+    import io
+
+    for obj in gc.get_objects():
+        if issubclass(type(obj), io.IOBase) and not obj.closed:  # never a proxy's __class__
+            try:
+                if obj.writable():
+                    obj.flush()
+            except Exception:
+                pass

@@ -71,7 +71,7 @@ class FiniteCheck:
         by_device: dict[Any, list[Any]] = {}
         for grad in grads:
             values = grad._values() if grad.is_sparse else grad
-            values = torch.view_as_real(values) if values.is_complex() else values
+            values = torch.view_as_real(values.resolve_conj()) if values.is_complex() else values
             by_device.setdefault(values.device, []).append(values)
         return all(self._group_finite(torch, group) for group in by_device.values())
 
@@ -149,7 +149,7 @@ def gradient_sum(torch: Any, grad: Any) -> Any:
     values = grad._values() if grad.is_sparse else grad
     values = values.detach()
     if values.is_complex():
-        values = torch.view_as_real(values)
+        values = torch.view_as_real(values.resolve_conj())
     if values.element_size() < 4:
         return values.sum(dtype=torch.float32)
     return values.sum()
@@ -161,7 +161,7 @@ def all_values_finite(grad: Any) -> bool:
     values = grad._values() if grad.is_sparse else grad
     if values.is_meta or _fake(values):
         return True
-    values = torch.view_as_real(values) if values.is_complex() else values
+    values = torch.view_as_real(values.resolve_conj()) if values.is_complex() else values
     return bool(values.isfinite().all())
 
 

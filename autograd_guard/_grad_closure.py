@@ -93,7 +93,7 @@ class ClosureFlow:
                 checked = self._checked_closure(optimizer, record, closure, evaluation)
                 args, kwargs = with_closure(args, kwargs, checked, position)
             try:
-                return body(*args, **kwargs)
+                result = body(*args, **kwargs)
             except StepStopped as stopped:
                 stopped.evaluation.undo()
                 return stopped.loss
@@ -101,9 +101,23 @@ class ClosureFlow:
                 if evaluation is not None:
                     evaluation.undo()  # strict stopped it: back to before the step
                 raise
+            if evaluation is not None and evaluation.stopped:
+                self._swallowed(optimizer, evaluation)  # the body caught the guard's stop
+            return result
         finally:
             self._leave(record)
             record.stale = _grad_versions(optimizer)
+
+    def _swallowed(self, optimizer: Any, evaluation: Evaluation) -> None:
+        """The step body caught the guard's stop and went on: it is undone again from the
+        snapshot; strict raises once more, outside the body."""
+        evaluation.undo()
+        if self.mode == "strict":
+            raise GuardError(
+                f"autograd-guard [grad_health]: the {type(optimizer).__name__} step caught "
+                "the guard's error for its non-finite gradients and went on"
+                + ("; it was undone" if evaluation.snapshot is not None else "")
+            )
 
     def _closure_starts(
         self, optimizer: Any, record: Record, kwargs: Any

@@ -31,9 +31,10 @@ MAKE_SAFE = (
     "make that op safe for gradients (sqrt(x + eps), clamp its input, torch.where on a "
     "safe input) or lower the learning rate"
 )
+DETECT = "torch.autograd.detect_anomaly() (it raises at the op, at 2-3x the step's cost)"
 FIND_IT = (
     "run one step with AUTOGRAD_GUARD=fix, which keeps the weights finite and names the "
-    "backward op and forward line, or wrap the failing step in torch.autograd.detect_anomaly()"
+    f"backward op and forward line, or wrap the failing step in {DETECT}"
 )
 LOST_REMEDY = (
     "find where the parameter leaves the autograd graph (.detach(), .data, torch.no_grad, "
@@ -60,6 +61,7 @@ class Findings:
     _hooks: EagerHooks
     _sites: StepSites
     _probe: BackwardProbe | None
+    _probe_site: str | None  # the step whose gradients armed it
     _probes_left: int
     _probe_lock: threading.Lock
     emit: Callable[..., bool]
@@ -126,7 +128,7 @@ class Findings:
             always=True,
         )
 
-    def _arm_probe(self) -> None:
+    def _arm_probe(self, site: str) -> None:
         passes = self.config["localize_steps"]
         if self.mode == "strict" or not passes:
             return
@@ -135,7 +137,7 @@ class Findings:
                 self._probes_left -= 1
                 probe = BackwardProbe(passes, passes + 2, self._hooks.eager)
                 probe.arm()
-                self._probe = probe
+                self._probe, self._probe_site = probe, site
 
     def _probe_finished(self, probe: BackwardProbe, at_exit: bool = False) -> None:
         with self._probe_lock:
@@ -153,7 +155,7 @@ class Findings:
                 f"the first non-finite gradient came out of {op}, the backward of the "
                 f"forward operation on line {line}; seen by the optimizer step",
                 action="nonfinite_origin",
-                callsite=self._sites.site(None),
+                callsite=self._probe_site or self._sites.site(None),
                 remedy=ORIGIN_REMEDY,
                 op=op,
                 forward=line,
@@ -173,11 +175,12 @@ class Findings:
             )
 
     def _origin_unknown(self, why: str) -> None:
+        find = FIND_IT if self.mode != "fix" else "wrap the failing step in " + DETECT
         self.emit(
             f"the op that made the non-finite gradient could not be found: {why}",
             action="nonfinite_origin",
-            callsite=self._sites.site(None),
-            remedy=FIND_IT,
+            callsite=self._probe_site or self._sites.site(None),
+            remedy=find,
         )
 
     def _at_exit(self) -> None:
@@ -200,6 +203,8 @@ class Findings:
                     level="error" if record.skipped == record.step else "warning",
                     steps=record.step,
                     skipped=record.skipped,
+                    remedy="the nonfinite_gradient events name the parameters; a skipped "
+                    "step does not train",
                 )
 
 

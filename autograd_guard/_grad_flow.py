@@ -76,20 +76,25 @@ class StepFlow(ClosureFlow):
         if not self.active:
             return RUN
         record = self._records.get(optimizer)
-        nested = record.depth or self._stepping.__dict__.get("depth", 0)
+        if record.depth or self._stepping.__dict__.get("depth", 0):
+            if not gated or self._gates.nested():
+                self._enter(record)
+                return RUN  # super().step(), or an inner optimizer of a step being checked
+            record.depth = self._stepping.__dict__["depth"] = 0  # left by an interrupted step
         self._enter(record)
-        if nested:  # super().step(), or an inner optimizer of a step being checked
-            return RUN
         try:
             if record.flag is not None:
                 self._step_over(optimizer, record)  # the last step raised before its post-hooks
             verdict = self._step_starts(optimizer, record, args, kwargs, gated)
-        except GuardError:
+        except Exception as exc:
+            if isinstance(exc, GuardError):
+                self._leave(record)
+                raise
+            self.fail("step check", exc)  # fail open: the step runs
+            return RUN
+        except BaseException:  # Ctrl-C in the check: the step does not run
             self._leave(record)
             raise
-        except Exception as exc:  # fail open
-            self.fail("step check", exc)
-            return RUN
         if verdict == SKIP:
             self._leave(record)
         return verdict
@@ -203,8 +208,6 @@ class StepFlow(ClosureFlow):
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         record = self._records.find(optimizer)
-        if record is not None:
-            self._leave(record)  # the step ran (its gate left nothing else to finish)
         try:
             if record is not None and (record.flag is not None or record.pending):
                 self._step_over(optimizer, record)

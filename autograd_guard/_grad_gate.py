@@ -34,8 +34,8 @@ _GATE = "_autograd_guard_gate"  # marks a gate of ours
 def make_gate(body: Callable[..., Any], gates: Gates) -> Callable[..., Any]:
     """The body behind a verdict. Traceable by Dynamo: the verdict and the closure step
     are the guard's, disabled for Dynamo once it is imported, so a compiled step body
-    stays compiled. A step that ran is finished by the guard's post-hook; one that
-    raised, here."""
+    stays compiled. The step is finished before any post-hook runs (one may raise, or
+    step another optimizer)."""
 
     def gate(*args: Any, **kwargs: Any) -> Any:
         verdict = gates.decide(args, kwargs)
@@ -45,9 +45,8 @@ def make_gate(body: Callable[..., Any], gates: Gates) -> Callable[..., Any]:
             return gates.closure_step(body, args, kwargs)
         try:
             return body(*args, **kwargs)
-        except BaseException:
+        finally:
             gates.finish(args[0])
-            raise
 
     setattr(gate, _GATE, body)
     gate.__wrapped__ = body  # type: ignore[attr-defined]
@@ -62,15 +61,16 @@ class Gates:
         self._plain = (decide, finish, closure_step)
         self.decide, self.finish, self.closure_step = self._plain
         self._cells: list[tuple[Any, Any]] = []  # (cell, the body it held)
-        self._seen: dict[type, bool] = {}  # optimizer class -> its step is gated
+        self._seen: dict[type, tuple[Any, bool]] = {}  # class -> (its step, gated)
         self._code: Any = None
 
     def ensure(self, kind: type) -> bool:
         """Gate every torch step wrapper on ``kind``'s MRO (a subclass's ``step`` calling
         ``super().step()`` runs two). True when the class's own ``step`` is gated."""
+        step = getattr(kind, "step", None)
         known = self._seen.get(kind)
-        if known is not None:
-            return known
+        if known is not None and known[0] is step:  # not replaced since
+            return known[1]
         gated = False
         for index, klass in enumerate(kind.__mro__):
             step = klass.__dict__.get("step")
@@ -82,7 +82,7 @@ class Gates:
                     self._cells.append((cell, cell.cell_contents))
                     cell.cell_contents = make_gate(cell.cell_contents, self)
                 gated = gated or index == _first_step(kind)
-        self._seen[kind] = gated
+        self._seen[kind] = (step, gated)
         return gated
 
     def eager(self, disable: Callable[[Any], Any]) -> None:
@@ -92,6 +92,20 @@ class Gates:
     def gate(self, body: Callable[..., Any]) -> Callable[..., Any]:
         """A gate for a step that torch's wrapper does not call (torch 2.1 after compile)."""
         return make_gate(body, self)
+
+    def nested(self) -> bool:
+        """Another step's gate is on this thread's stack (its step is in progress): what
+        the guard's own count of steps in progress says is checked against the frames,
+        so a count left behind by an interrupted step (Ctrl-C) never silences it."""
+        frame = sys._getframe(1)
+        found = 0
+        while frame is not None:
+            if frame.f_code is _GATE_CODE:
+                found += 1
+                if found > 1:
+                    return True
+            frame = frame.f_back  # type: ignore[assignment]
+        return False
 
     def step_codes(self) -> tuple[Any, ...]:
         """The code objects of a step in progress: torch's wrapper and the gate."""

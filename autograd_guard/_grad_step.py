@@ -82,22 +82,20 @@ def evaluates_first(optimizer: Any) -> bool:
 
 
 class Snapshot:
-    """The weights, optimizer state and ``param_groups`` settings before a step, to undo
-    it whole."""
+    """Everything a step may change, before it, to undo it whole: the weights, and of the
+    optimizer and every optimizer it holds (SAM's base, Lookahead's inner), ``state``,
+    ``param_groups`` settings and plain attributes (counters)."""
 
     def __init__(self, optimizer: Any) -> None:
         torch = sys.modules["torch"]
-        self.optimizer = optimizer
-        self.params = params_of(optimizer)
         self.restored = False
+        self.parts = [_Part(o) for o in _optimizers_in(optimizer, torch.optim.Optimizer)]
+        seen: dict[int, Any] = {}
+        for part in self.parts:
+            seen.update((id(p), p) for p in part.params)
+        self.params = list(seen.values())
         with torch.no_grad():
             self.weights = [p.detach().clone() for p in self.params]
-        state = optimizer.state
-        self.state = {id(p): _copy(state[p]) for p in self.params if p in state}
-        self.groups = [
-            {k: _copy(v) for k, v in group.items() if k != "params"}
-            for group in optimizer.param_groups
-        ]
 
     def restore(self) -> None:
         torch = sys.modules["torch"]
@@ -105,6 +103,25 @@ class Snapshot:
             for param, weight in zip(self.params, self.weights, strict=True):
                 param.copy_(weight)
         self.restored = True
+        for part in self.parts:
+            part.restore()
+
+
+class _Part:
+    """One optimizer's state, settings and plain attributes."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+        self.params = params_of(optimizer)
+        state = optimizer.state
+        self.state = {id(p): _copy(state[p]) for p in self.params if p in state}
+        self.groups = [
+            {k: _copy(v) for k, v in group.items() if k != "params"}
+            for group in optimizer.param_groups
+        ]
+        self.attributes = _plain(optimizer)
+
+    def restore(self) -> None:
         state = self.optimizer.state
         for param in self.params:
             saved = self.state.get(id(param))
@@ -118,6 +135,31 @@ class Snapshot:
             for key in [k for k in group if k != "params" and k not in saved_group]:
                 del group[key]
             group.update(saved_group)
+        attributes = vars(self.optimizer)
+        for key in [k for k in _plain(self.optimizer) if k not in self.attributes]:
+            del attributes[key]
+        attributes.update(self.attributes)
+
+
+def _plain(optimizer: Any) -> dict[str, Any]:
+    return {
+        k: v
+        for k, v in vars(optimizer).items()
+        if isinstance(v, (int, float, bool, str, type(None)))
+    }
+
+
+def _optimizers_in(optimizer: Any, kind: type) -> list[Any]:
+    """``optimizer`` and the optimizers its attributes hold, at any depth."""
+    found: list[Any] = []
+    todo = [optimizer]
+    while todo:
+        current = todo.pop()
+        if any(current is known for known in found):
+            continue
+        found.append(current)
+        todo += [v for v in vars(current).values() if isinstance(v, kind)]
+    return found
 
 
 def _copy(value: Any) -> Any:

@@ -175,3 +175,31 @@ def test_the_pytest_plugins_summary_counts_every_test(guard_python, tmp_path):
     assert result.returncode == 0, result.stdout
     [summary] = [e for e in everything if e["action"] == "summary"]
     assert summary["event"].startswith("summary: 2 interventions at 1 call site")
+
+
+KEEPS_ITS_OWN = """
+import logging, logging.handlers, os
+handler = logging.handlers.MemoryHandler(100, target=logging.FileHandler("log.txt"))
+logging.getLogger("run").addHandler(handler)
+logging.getLogger("run").warning("started")
+metrics = open("metrics.csv", "w")  # written, never closed
+""" + DETACHED.replace('print("done")', 'metrics.write("a,b\\n")\nprint("done")') + """
+if os.environ.get("FAIL"):
+    raise ValueError("the program's own failure")
+"""
+
+
+def test_strict_at_exit_flushes_the_programs_logs_and_files(guard_python, tmp_path):
+    result, _, _ = run(guard_python, tmp_path, KEEPS_ITS_OWN.format(steps=5), "strict")
+    assert result.returncode == 3, result.stderr
+    assert (tmp_path / "log.txt").read_text() == "started\n"
+    assert (tmp_path / "metrics.csv").read_text() == "a,b\n"
+
+
+def test_strict_at_exit_leaves_a_failed_programs_own_status(guard_python, tmp_path):
+    result = run_python(
+        guard_python, KEEPS_ITS_OWN.format(steps=5), tmp_path, check=False,
+        AUTOGRAD_GUARD="strict", FAIL="1",
+    )  # fmt: skip
+    assert result.returncode == 1 and "the program's own failure" in result.stderr
+    assert "the run ended with a finding" in result.stderr

@@ -5,6 +5,7 @@ see (after the user's pre-hooks), and closure steps say only what is true."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -247,3 +248,178 @@ def test_vmap_of_grad_never_breaks_the_localiser():
     finally:
         autograd_guard.uninstall()
     assert [e["action"] for e in events] == ["nonfinite_gradient"]
+
+
+# -- a hostile review's cases: the guard never goes quiet, and says only what is true ---
+
+
+def nan_grads(model: torch.nn.Module, nan: bool) -> None:
+    model.zero_grad()
+    model(torch.randn(2, 3)).sum().backward()
+    if nan:
+        with torch.no_grad():
+            model.weight.grad[0, 0] = float("nan")
+
+
+@pytest.fixture
+def guarded_fix():
+    autograd_guard.install({})
+    assert_attached("grad_health", "torch.optim.optimizer")
+    try:
+        yield
+    finally:
+        autograd_guard.uninstall()
+
+
+def test_a_post_hook_that_raised_once_leaves_the_guard_on(guarded_fix):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = []
+
+    def post(*_):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("once")
+
+    optimizer.register_step_post_hook(post)
+    nan_grads(model, False)
+    with pytest.raises(ValueError, match="once"):
+        optimizer.step()
+    before = model.weight.detach().clone()
+    nan_grads(model, True)
+    optimizer.step()
+    assert torch.equal(model.weight.detach(), before)  # skipped
+
+
+def test_an_optimizer_stepped_from_another_ones_post_hook_is_checked(guarded_fix):
+    first, second = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    a = torch.optim.SGD(first.parameters(), lr=0.1)
+    b = torch.optim.SGD(second.parameters(), lr=0.1)
+    a.register_step_post_hook(lambda *_: b.step())
+    nan_grads(first, False)
+    nan_grads(second, True)
+    before = second.weight.detach().clone()
+    a.step()
+    assert torch.equal(second.weight.detach(), before)
+
+
+def test_an_interrupted_check_never_silences_the_guard(guarded_fix, monkeypatch):
+    from autograd_guard._grad_check import FiniteCheck
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    original = FiniteCheck.all_finite
+    interrupts = [1]
+
+    def interrupted(self, *args, **kwargs):
+        if interrupts:
+            interrupts.pop()
+            raise KeyboardInterrupt  # Ctrl-C inside the check
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(FiniteCheck, "all_finite", interrupted)
+    nan_grads(model, False)
+    with pytest.raises(KeyboardInterrupt):
+        optimizer.step()
+    before = model.weight.detach().clone()
+    nan_grads(model, True)
+    optimizer.step()
+    assert torch.equal(model.weight.detach(), before)  # still skipped
+
+
+class Extragradient(torch.optim.Optimizer):
+    """A closure step that moves the weights with an inner optimizer and counts, then
+    evaluates the closure."""
+
+    def __init__(self, params):
+        super().__init__(params, {"lr": 0.1})
+        self.inner = torch.optim.Adam(self.param_groups[0]["params"], lr=0.1)
+        self.t = 0
+
+    def step(self, closure):
+        self.inner.step()
+        self.t += 1
+        closure()
+        with torch.no_grad():
+            for p in self.param_groups[0]["params"]:
+                p.sub_(0.01 * p.grad)
+
+
+def extragradient(by_hand: bool, swallow: bool = False):
+    def program():
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(3))
+        optimizer = Extragradient([w])
+        for step in range(5):
+
+            def closure(step=step):
+                optimizer.zero_grad()
+                ((w - 1).pow(2).sum() + (sqrt_of_zero(w) if step == 2 else 0)).backward()
+
+            optimizer.zero_grad()
+            (w - 1).pow(2).sum().backward()
+            if by_hand and step == 2:
+                continue
+            optimizer.step(closure)
+        return outcome([w], optimizer, optimizer.inner, t=optimizer.t)
+
+    return program
+
+
+def test_a_closure_step_is_undone_with_its_inner_optimizer_and_counters():
+    by_hand = extragradient(True)()
+    _, guarded, events = twin(extragradient(False))
+    assert_same(guarded, by_hand)
+    assert "stopped at evaluation 1 of its closure and undone" in events[0]["event"]
+
+
+class Swallowing(Extragradient):
+    def step(self, closure):
+        self.t += 1
+        with contextlib.suppress(BaseException):  # everything, the guard's stop included
+            closure()
+        with torch.no_grad():
+            for p in self.param_groups[0]["params"]:
+                p.sub_(0.01 * p.grad)
+
+
+@pytest.mark.parametrize("mode", ["fix", "strict"])
+def test_a_step_that_swallows_the_guards_stop_is_still_undone(mode):
+    w = torch.nn.Parameter(torch.ones(3))
+    optimizer = Swallowing([w])
+
+    def closure():
+        optimizer.zero_grad()
+        sqrt_of_zero(w).backward()
+
+    autograd_guard.install({"mode": mode})
+    try:
+        if mode == "strict":
+            with pytest.raises(autograd_guard.GuardError, match="caught the guard's error"):
+                optimizer.step(closure)
+        else:
+            optimizer.step(closure)
+    finally:
+        autograd_guard.uninstall()
+    assert torch.equal(w.detach(), torch.ones(3)) and optimizer.t == 0
+
+
+def test_a_step_replaced_on_its_class_is_gated_again(guarded_fix):
+    class Mine(torch.optim.SGD):
+        pass
+
+    model = torch.nn.Linear(3, 2)
+    nan_grads(model, False)
+    Mine(model.parameters(), lr=0.1).step()
+
+    def new_step(self, closure=None):
+        with torch.no_grad():
+            for p in self.param_groups[0]["params"]:
+                p.add_(p.grad, alpha=-0.1)
+
+    Mine.step = new_step
+    optimizer = Mine(model.parameters(), lr=0.1)  # torch wraps the new step
+    before = model.weight.detach().clone()
+    nan_grads(model, True)
+    optimizer.step()
+    assert torch.equal(model.weight.detach(), before)

@@ -105,6 +105,7 @@ class GradHealth(StepFlow, Findings, Guard):
         self._sites = StepSites(self._gates.step_codes)
         self._stepping = threading.local()
         self._probe: BackwardProbe | None = None
+        self._probe_site: str | None = None
         self._probes_left = 3  # a probe may find nothing (another thread's passes)
         self._named: set[tuple[str, str]] = set()  # (action, call site) named already
         self._probe_lock = threading.Lock()
@@ -175,7 +176,7 @@ class GradHealth(StepFlow, Findings, Guard):
                 remedy=self._nonfinite_remedy(),
             )
         if bad:
-            self._arm_probe()
+            self._arm_probe(site)
         if record.nonfinite(self.config["stall_steps"]) and speaks:
             self._stalled(record, site)
         return verdict
