@@ -87,11 +87,24 @@ class Record:
         theirs, while others did (a run shorter than the lost-gradient window)."""
         if not self.trained:
             return []
-        return [
-            param
-            for param, first in self.waiting.values()
-            if param.grad is None and self.step - first + 1 >= floor
-        ]
+        found = []
+        for param, first in self.waiting.values():
+            param = param() if isinstance(param, weakref.ref) else param
+            if param is not None and param.grad is None and self.step - first + 1 >= floor:
+                found.append(param)
+        return found
+
+    def retire(self) -> None:
+        """Its optimizer is gone: the parameters it waited for are held weakly."""
+        waiting: dict[int, tuple[Any, int]] = {}
+        for key, (param, first) in self.waiting.items():
+            try:
+                waiting[key] = (weakref.ref(param), first)
+            except TypeError:
+                continue
+        self.waiting = waiting
+        self.pending.clear()
+        self.sharing = None
 
     def nonfinite(self, stall_steps: int) -> bool:
         """Count a non-finite step; True when the run has just stalled, and again each
@@ -111,6 +124,7 @@ class Records:
 
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[Any, Record]] = {}
+        self.retired: list[Record] = []  # of optimizers collected before exit
 
     def get(self, optimizer: Any) -> Record:
         key = id(optimizer)
@@ -127,7 +141,11 @@ class Records:
 
     def _dropper(self, key: int) -> Any:
         def drop(_: Any) -> None:
-            self._by_id.pop(key, None)
+            entry = self._by_id.pop(key, None)
+            if entry is not None and (entry[1].skipped or entry[1].waiting):
+                record = entry[1]
+                record.retire()
+                self.retired.append(record)  # what is said of it at exit
 
         return drop
 
@@ -136,7 +154,8 @@ class Records:
         return entry[1] if entry is not None and entry[0]() is optimizer else None
 
     def all(self) -> list[Record]:
-        return [record for _, record in list(self._by_id.values())]
+        """The records of live optimizers, then those of optimizers collected already."""
+        return [record for _, record in list(self._by_id.values())] + list(self.retired)
 
 
 class _Strong:

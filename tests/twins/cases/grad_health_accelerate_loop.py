@@ -17,7 +17,7 @@ TWIN = {
     "libraries": ["accelerate"],
     "modes": {
         "fix": {
-            "events": ["grad_health/nonfinite_gradient"],
+            "events": ["grad_health/nonfinite_gradient", "grad_health/steps_skipped"],
             "maybe": ["grad_health/nonfinite_origin"],
             "like": "handfix",
         },

@@ -23,7 +23,7 @@ TWIN = {
     "libraries": ["lightning"],
     "modes": {
         "fix": {
-            "events": ["grad_health/nonfinite_gradient"],
+            "events": ["grad_health/nonfinite_gradient", "grad_health/steps_skipped"],
             "maybe": ["grad_health/nonfinite_origin"],
             "like": "handfix",
         },

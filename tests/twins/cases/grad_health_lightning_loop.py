@@ -23,7 +23,7 @@ TWIN = {
     "libraries": ["lightning"],
     "modes": {
         "fix": {
-            "events": ["grad_health/nonfinite_gradient"] * 2,
+            "events": ["grad_health/nonfinite_gradient"] * 2 + ["grad_health/steps_skipped"] * 2,
             "maybe": ["grad_health/nonfinite_origin"],
             "like": "handfix",
         },

@@ -1,5 +1,5 @@
 """A parameter that never gets a gradient (its branch is detached): named once in every
-mode; the training itself is exactly the same."""
+mode; the training itself is exactly the same, but strict fails the run on the finding."""
 
 import torch
 from torch import nn
@@ -8,7 +8,10 @@ TWIN = {
     "modes": {
         "fix": {"events": ["grad_health/lost_gradient"]},
         "observe": {"events": ["grad_health/lost_gradient"]},
-        "strict": {"events": ["grad_health/lost_gradient"]},
+        "strict": {
+            "events": ["grad_health/lost_gradient"],
+            "raises": "autograd_guard.errors.GuardError",
+        },
     },
 }
 

@@ -14,7 +14,11 @@ from torch import nn
 TWIN = {
     "modes": {
         "fix": {
-            "events": ["grad_health/nonfinite_gradient", "grad_health/nonfinite_origin"],
+            "events": [
+                "grad_health/nonfinite_gradient",
+                "grad_health/nonfinite_origin",
+                "grad_health/steps_skipped",
+            ],
             "like": "handfix",
         },
         "observe": {

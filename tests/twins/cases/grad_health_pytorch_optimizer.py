@@ -19,7 +19,7 @@ TWIN = {
     "libraries": ["pytorch_optimizer"],
     "modes": {
         "fix": {
-            "events": ["grad_health/nonfinite_gradient"] * 4,
+            "events": ["grad_health/nonfinite_gradient"] * 4 + ["grad_health/steps_skipped"] * 4,
             "maybe": ["grad_health/nonfinite_origin"],
             "like": "handfix",
         },
