@@ -80,20 +80,27 @@ class Findings:
         return f"torch.autograd.detect_anomaly() around the failing step names the op; {MAKE_SAFE}"
 
     def _report_lost(
-        self, optimizer: Any, lost: list[Any], steps: int | None = None, site: str | None = None
+        self,
+        optimizer: Any,
+        lost: list[Any],
+        steps: int | None = None,
+        site: str | None = None,
+        retired: Record | None = None,
     ) -> None:
-        """A finding; in strict, the step does not run (or, at exit, the status is set)."""
-        names = parameter_names(lost)
+        """A finding; in strict, the step does not run (or, at exit, the status is set).
+        Of an optimizer collected before exit, only the shapes are known."""
+        if retired is not None:
+            shapes = [list(shape) for shape in retired.lost_shapes]
+            names = [f"<a parameter of shape {tuple(shape)}>" for shape in shapes]
+        else:
+            shapes, names = [list(p.shape) for p in lost], parameter_names(lost)
         steps = steps or self.config["lost_steps"]
+        owner = f" of a {retired.kind} gone before exit" if retired is not None else ""
         event = (
-            f"{len(lost)} parameter(s) got no gradient in {steps} optimizer steps while the "
-            f"others did: {', '.join(names)}"
+            f"{len(names)} parameter(s){owner} got no gradient in {steps} optimizer steps "
+            f"while the others did: {', '.join(names)}"
         )
-        fields = {
-            "remedy": LOST_REMEDY,
-            "parameters": names,
-            "shapes": [list(p.shape) for p in lost],
-        }
+        fields = {"remedy": LOST_REMEDY, "parameters": names, "shapes": shapes}
         site = site or self._sites.site(optimizer)
         if self.mode == "strict" and optimizer is not None:
             self.refuse(event, action="lost_gradient", callsite=site, **fields)
@@ -194,6 +201,8 @@ class Findings:
             lost = record.never_trained() if self.config["lost_steps"] else []
             if lost:
                 self._report_lost(None, lost, steps=record.step, site=record.site)
+            elif record.lost_shapes and self.config["lost_steps"]:
+                self._report_lost(None, [], steps=record.step, site=record.site, retired=record)
             if record.skipped:
                 self.emit(
                     f"{record.skipped} of {record.step} optimizer steps of this {record.kind} "

@@ -29,6 +29,7 @@ class Record:
         "in_a_row",
         "kind",
         "known",
+        "lost_shapes",
         "pending",
         "shared_known",
         "sharing",
@@ -47,6 +48,7 @@ class Record:
         self.trained = False  # some parameter got a gradient
         self.in_a_row = 0  # non-finite steps in a row
         self.skipped = 0  # steps skipped (fix)
+        self.lost_shapes: list[tuple[int, ...]] = []  # never trained, once retired
         self.kind = ""  # the optimizer's class name
         self.site: str | None = None  # where its first step was called from
         self.stale: list[tuple[int, int]] = []  # gradients a closure step left behind
@@ -87,22 +89,17 @@ class Record:
         theirs, while others did (a run shorter than the lost-gradient window)."""
         if not self.trained:
             return []
-        found = []
-        for param, first in self.waiting.values():
-            param = param() if isinstance(param, weakref.ref) else param
-            if param is not None and param.grad is None and self.step - first + 1 >= floor:
-                found.append(param)
-        return found
+        return [
+            param
+            for param, first in self.waiting.values()
+            if param.grad is None and self.step - first + 1 >= floor
+        ]
 
     def retire(self) -> None:
-        """Its optimizer is gone: the parameters it waited for are held weakly."""
-        waiting: dict[int, tuple[Any, int]] = {}
-        for key, (param, first) in self.waiting.items():
-            try:
-                waiting[key] = (weakref.ref(param), first)
-            except TypeError:
-                continue
-        self.waiting = waiting
+        """Its optimizer is gone (its parameters may follow): what is said of them at
+        exit is taken now, as shapes, holding no tensor."""
+        self.lost_shapes = [tuple(p.shape) for p in self.never_trained()]
+        self.waiting = {}
         self.pending.clear()
         self.sharing = None
 

@@ -5,6 +5,7 @@ fail a strict run, a stall that is never quiet."""
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,12 @@ def test_strict_at_exit_leaves_a_failed_programs_own_status(guard_python, tmp_pa
     )  # fmt: skip
     assert result.returncode == 1 and "the program's own failure" in result.stderr
     assert "the run ended with a finding" in result.stderr
+
+
+def test_an_optimizer_gone_before_exit_is_still_reported(guard_python, tmp_path):
+    inside_main = "def main():\n" + textwrap.indent(DETACHED.format(steps=20), "    ")
+    code = inside_main + "\nmain()\nimport gc; gc.collect()\n"
+    result, events, _ = run(guard_python, tmp_path, code, "fix")
+    assert result.returncode == 0 and "done" in result.stdout
+    [lost] = events
+    assert lost["action"] == "lost_gradient" and "in 20 optimizer steps" in lost["event"]
