@@ -33,8 +33,8 @@ MAKE_SAFE = (
 )
 DETECT = "torch.autograd.detect_anomaly() (it raises at the op, at 2-3x the step's cost)"
 FIND_IT = (
-    "run one step with AUTOGRAD_GUARD=fix, which keeps the weights finite and names the "
-    f"backward op and forward line, or wrap the failing step in {DETECT}"
+    "run with AUTOGRAD_GUARD=fix, which keeps the weights finite and names the backward op "
+    f"and forward line if the value comes again, or wrap the failing step in {DETECT}"
 )
 LOST_REMEDY = (
     "find where the parameter leaves the autograd graph (.detach(), .data, torch.no_grad, "
