@@ -117,7 +117,7 @@ class EagerHooks:
         """Wrap ``step`` of each torch.optim class whose step no longer calls the hooks."""
         torch = sys.modules["torch"]
         run_step = self._run_step
-        wrapper_code = _hook_wrapper_code(torch)
+        wrapper_code = hook_wrapper_code(torch)
         if run_step is None or wrapper_code is None:
             return
         for kind in list(vars(torch.optim).values()):
@@ -126,7 +126,7 @@ class EagerHooks:
             if kind is torch.optim.Optimizer:
                 continue  # its step is abstract: never hooked
             step = kind.__dict__.get("step")
-            if step is None or getattr(step, _OURS, False) or _calls_hooks(step, wrapper_code):
+            if step is None or getattr(step, _OURS, False) or hook_wrapper(step, wrapper_code):
                 continue
             setattr(kind, "step", _step_wrapper(step, self.eager(run_step)))  # noqa: B010
             self._wrapped.append((kind, step))
@@ -142,7 +142,7 @@ def _step_wrapper(step: Callable[..., Any], run_step: Callable[..., Any]) -> Cal
     return wrapper
 
 
-def _hook_wrapper_code(torch: Any) -> Any:
+def hook_wrapper_code(torch: Any) -> Any:
     """The code object of torch's step wrapper that calls the step hooks."""
     make = getattr(torch.optim.Optimizer, "profile_hook_step", None)
     try:
@@ -151,11 +151,13 @@ def _hook_wrapper_code(torch: Any) -> Any:
         return None
 
 
-def _calls_hooks(step: Any, wrapper_code: Any) -> bool:
-    for _ in range(8):  # follow __wrapped__ through decorators
-        if getattr(step, "__code__", None) is wrapper_code:
-            return True
+def hook_wrapper(step: Any, wrapper_code: Any) -> Any:
+    """torch's step wrapper (the function running ``wrapper_code``) that ``step`` is, or
+    wraps through decorators' ``__wrapped__``; None where it calls no hooks."""
+    for _ in range(8):
+        if wrapper_code is not None and getattr(step, "__code__", None) is wrapper_code:
+            return step
         step = getattr(step, "__wrapped__", None)
         if step is None:
-            return False
-    return False
+            return None
+    return None

@@ -15,7 +15,6 @@ import threading
 
 from autograd_guard._grad_check import parameter_names
 from autograd_guard._grad_probe import BackwardProbe
-from autograd_guard.errors import GuardError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -222,8 +221,3 @@ def _strict_finding() -> None:
     from autograd_guard import _events
 
     _events.fail_at_exit(EXIT_STATUS)
-
-
-def stop(name: str, site: str, event: str, remedy: str) -> GuardError:
-    """The error every rank of a group raises (the first one logs it)."""
-    return GuardError(f"autograd-guard [{name}] at {site}: {event}. Remedy: {remedy}")

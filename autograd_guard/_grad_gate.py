@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import sys
 
+from autograd_guard._grad_compile import hook_wrapper, hook_wrapper_code
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -120,24 +122,15 @@ class Gates:
 
     def _body_cell(self, step: Any) -> Any:
         """The ``func`` cell of torch's wrapper, found through decorators' ``__wrapped__``."""
-        code = self._wrapper_code()
-        for _ in range(8):
-            if getattr(step, "__code__", None) is code and code is not None:
-                names = code.co_freevars
-                closure = step.__closure__
-                return closure[names.index("func")] if "func" in names and closure else None
-            step = getattr(step, "__wrapped__", None)
-            if step is None:
-                return None
-        return None
+        wrapper = hook_wrapper(step, self._wrapper_code())
+        if wrapper is None:
+            return None
+        names, closure = wrapper.__code__.co_freevars, wrapper.__closure__
+        return closure[names.index("func")] if "func" in names and closure else None
 
     def _wrapper_code(self) -> Any:
         if self._code is None:
-            optimizer = sys.modules["torch"].optim.Optimizer
-            try:
-                self._code = optimizer.profile_hook_step(lambda *a, **k: None).__code__
-            except Exception:
-                self._code = False
+            self._code = hook_wrapper_code(sys.modules["torch"]) or False
         return self._code or None
 
 

@@ -88,7 +88,6 @@ class Snapshot:
 
     def __init__(self, optimizer: Any) -> None:
         torch = sys.modules["torch"]
-        self.restored = False
         self.parts = [_Part(o) for o in _optimizers_in(optimizer, torch.optim.Optimizer)]
         seen: dict[int, Any] = {}
         for part in self.parts:
@@ -102,7 +101,6 @@ class Snapshot:
         with torch.no_grad():
             for param, weight in zip(self.params, self.weights, strict=True):
                 param.copy_(weight)
-        self.restored = True
         for part in self.parts:
             part.restore()
 

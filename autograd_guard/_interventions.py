@@ -41,10 +41,21 @@ class Interventions:
         return self.mode == "fix"
 
     def refuse(
-        self, event: str, *, action: str, callsite: str, remedy: str | None = None, **fields: Any
+        self,
+        event: str,
+        *,
+        action: str,
+        callsite: str,
+        remedy: str | None = None,
+        log: bool = True,
+        **fields: Any,
     ) -> NoReturn:
-        """Strict mode: log ``event`` as an error and raise it, naming the remedy."""
-        self.emit(event, action=action, callsite=callsite, level="error", remedy=remedy, **fields)
+        """Strict mode: log ``event`` as an error (unless another process logs it for
+        this one: a group's first rank) and raise it, naming the remedy."""
+        if log:
+            self.emit(
+                event, action=action, callsite=callsite, level="error", remedy=remedy, **fields
+            )
         raise GuardError(
             f"autograd-guard [{self.name}] at {callsite}: {event}. Remedy: {remedy or self.remedy}"
         )

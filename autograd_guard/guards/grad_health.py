@@ -38,7 +38,7 @@ from autograd_guard import _events
 from autograd_guard._grad_check import FiniteCheck, all_values_finite, parameter_names
 from autograd_guard._grad_compile import EagerHooks
 from autograd_guard._grad_dist import local_gradient, user_names
-from autograd_guard._grad_findings import FIND_IT, MAKE_SAFE, Findings, stop
+from autograd_guard._grad_findings import FIND_IT, MAKE_SAFE, Findings
 from autograd_guard._grad_flow import StepFlow
 from autograd_guard._grad_gate import SKIP, Gates
 from autograd_guard._grad_probe import BackwardProbe
@@ -195,14 +195,12 @@ class GradHealth(StepFlow, Findings, Guard):
         """strict: the step does not go on; what is true of the weights, said."""
         kind = type(optimizer).__name__
         event = f"{what} {stop_outcome(kind, evaluation, record.evaluations, bool(ranks))}"
-        remedy = self._nonfinite_remedy()
-        if not speaks:  # the group's first rank logs it; every rank raises
-            raise stop(self.name, site, event, remedy)
         self.refuse(
             event,
             action="nonfinite_gradient",
             callsite=site,
-            remedy=remedy,
+            remedy=self._nonfinite_remedy(),
+            log=speaks,  # the group's first rank logs it; every rank raises
             parameters=names,
             ranks=ranks,
         )
