@@ -13,6 +13,9 @@ marks it), so that nothing of torch is imported before a compile needs it.
 from __future__ import annotations
 
 import sys
+import types
+
+from autograd_guard._state import STATE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -161,15 +164,15 @@ def traceable(template: Callable[..., Any], **state: Any) -> Callable[..., Any]:
     What ``Guard._traced`` returns must not be a closure: for a method, Dynamo guards the
     traced function's closure through the wrapper, which forwards to the original's.
     """
-    import types
-
     # Dynamo finds a traced function's globals through sys.modules[__name__].
     name = f"autograd_guard._traced_{template.__name__}_{next(_TRACED_IDS)}"
     module = types.ModuleType(name)
     module.__dict__.update(template.__globals__)
     namespace = types.SimpleNamespace(**{"in_graph": dynamo_fullgraph, "eager": None, **state})
     module.__dict__.update(__name__=name, compiled=namespace)
-    sys.modules[name] = module
+    with STATE.patch_lock:
+        sys.modules[name] = module
+        STATE.traced_modules.append(name)
     return types.FunctionType(template.__code__, module.__dict__, template.__name__)
 
 

@@ -13,6 +13,7 @@ from autograd_guard import (
     _patching,
     _policy,
     _policy_files,
+    _released,
     _versions,
 )
 from autograd_guard._guard import describe_error
@@ -168,7 +169,9 @@ def uninstall() -> None:
         _importer.clear()
         for guard in STATE.guards:
             guard.detach()
+        replacements = [replacement for *_, replacement in STATE.applied]
         skipped = _patching.undo_all()
+        _released.uninstalled(replacements)
         for place in skipped:
             sys.stderr.write(
                 f"autograd-guard: {place} was re-patched by someone else; left as it is\n"

@@ -62,6 +62,8 @@ class State:
         self.finder: Any = None
         # patches: (owner, attribute, original, replacement), undone in reverse
         self.applied: list[tuple[object, str, object, object]] = []
+        # the modules of traceable copies of remedies (_compiled.traceable), by name
+        self.traced_modules: list[str] = []
         # caches: installed versions by distribution (_versions), the resumable kind of
         # each target (guards.grad_mode), the cache files of the cache folder (_cache)
         self.versions: dict[str, str | None] = {}
