@@ -8,7 +8,7 @@ from autograd_guard._state import STATE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
     from typing import Any
 
     Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
@@ -118,14 +118,16 @@ def _is_ours(obj: object, wrapper: Wrapper) -> bool:
     )
 
 
-# Stands for the original of a class attribute that the class inherited: undone by
-# deleting it, so that the base's attribute shows through again (and later patches of
-# the base are not hidden behind a copy on the subclass).
+# Stands for the original of an attribute that its owner did not hold itself: a class
+# attribute the class inherited, a method an instance gets from its class, an attribute
+# a module's ``__getattr__`` makes. Undone by deleting it, so that what it came from shows
+# through again (and later patches there are not hidden behind a copy on the owner).
 INHERITED = object()
 
 
 def _set(owner: object, attribute: str, original: object, replacement: object) -> None:
-    if isinstance(owner, type) and attribute not in owner.__dict__:
+    own = _own_attributes(owner)
+    if own is not None and attribute not in own:
         original = INHERITED
     setattr(owner, attribute, replacement)
     STATE.applied.append((owner, attribute, original, replacement))
@@ -165,17 +167,22 @@ def _replace_everywhere(original: object, replacement: object) -> list[str]:
     return places
 
 
+def _own_attributes(owner: object) -> Mapping[str, object] | None:
+    """What ``owner`` holds itself (its ``__dict__``); None where it has none."""
+    try:
+        return vars(owner)
+    except TypeError:  # __slots__
+        return None
+
+
 def undo_all() -> list[str]:
     """Restore every original object; returns the places that someone else re-patched."""
     skipped = []
     with STATE.patch_lock:
         while STATE.applied:
             owner, attribute, original, replacement = STATE.applied.pop()
-            current = (
-                owner.__dict__.get(attribute)
-                if isinstance(owner, type)
-                else getattr(owner, attribute, None)
-            )
+            own = _own_attributes(owner)
+            current = getattr(owner, attribute, None) if own is None else own.get(attribute)
             if current is replacement and original is INHERITED:
                 delattr(owner, attribute)
             elif current is replacement:

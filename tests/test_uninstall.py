@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import autograd_guard
+from autograd_guard import guards
+from autograd_guard._guard import Guard, Target
 from autograd_guard._state import STATE
 from autograd_guard.testing import capture_events, guarded
 
@@ -101,3 +103,58 @@ def test_a_method_held_after_uninstall_compiles_as_its_original(make_module, hel
         out = compiled(torch.ones(3))
     assert out.item() == 6.0 and not out.requires_grad
     assert events == [] and _traced_modules() == []
+
+
+HELD = """
+class Base:
+    def meth(self, x):
+        return x + 1
+
+class Sub(Base):
+    pass
+
+runner = Sub()
+
+def __getattr__(name):  # a lazy attribute, made on each access
+    if name == "lazy":
+        def lazy(x):
+            return x + 1
+        return lazy
+    raise AttributeError(name)
+"""
+
+
+class TimesTen(Guard):
+    name = "times_ten"
+    targets = (Target("held_pkg", "runner.meth"), Target("held_pkg", "lazy"))
+
+    def handle(self, call):
+        return call.proceed() * 10
+
+
+@pytest.fixture
+def times_ten(make_module):
+    make_module("held_pkg", HELD)
+    guards.register(TimesTen)
+    yield
+    guards.unregister(TimesTen)
+
+
+def test_uninstall_of_an_instances_method_lets_its_class_show_through(times_ten):
+    import held_pkg
+
+    autograd_guard.install({})
+    assert held_pkg.runner.meth(1) == 20
+    autograd_guard.uninstall()
+    assert "meth" not in vars(held_pkg.runner)  # as before the install: from its class
+    held_pkg.Sub.meth = lambda self, x: x + 100  # a later patch of the class
+    assert held_pkg.runner.meth(1) == 101
+
+
+def test_uninstall_of_a_lazy_module_attribute_lets_its_getattr_show_through(times_ten):
+    import held_pkg
+
+    autograd_guard.install({})
+    assert held_pkg.lazy(1) == 20
+    autograd_guard.uninstall()
+    assert "lazy" not in vars(held_pkg) and held_pkg.lazy(1) == 2
