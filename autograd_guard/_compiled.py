@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 import types
 
+from autograd_guard._compile_checks import refuse_in_graph, traced_callsite, translator
 from autograd_guard._state import STATE
 
 TYPE_CHECKING = False
@@ -42,11 +43,11 @@ def make_inline(guard: Guard, target: Target, original: Callable[..., Any]) -> C
     state = inline.__globals__["compiled"]
     method = "." in target.qualname
 
-    @_marked_constant
+    @marked_constant
     def how() -> int:
         return _choose(guard, target, state)
 
-    @_marked_constant
+    @marked_constant
     def in_graph() -> bool:
         return dynamo_fullgraph() or (method and not _method_graph_breaks_work())
 
@@ -100,13 +101,10 @@ def _choose(guard: Guard, target: Target, state: Any) -> int:
     else:  # see _method_graph_breaks_work
         what = "a method traced by this torch's torch.compile, where this guard cannot run"
         remedy = "call the method outside the compiled function, or use torch 2.14 or older"
-    _cannot_run(
-        guard,
-        target,
-        "compiled_unguarded",
-        f"{what}: calls inside that graph are not guarded",
-        remedy,
-    )
+    what = f"{what}: calls inside that graph are not guarded"
+    if guard.mode == "strict":
+        refuse_in_graph(guard, target, "compiled_unguarded", what, remedy)
+    cannot_run(guard, target, "compiled_unguarded", what, remedy)
     return UNGUARDED
 
 
@@ -124,7 +122,7 @@ def _method_graph_breaks_work() -> bool:
     return parameters[1:2] != ["fn"]
 
 
-def _marked_constant(function: Callable[..., Any]) -> Callable[..., Any]:
+def marked_constant(function: Callable[..., Any]) -> Callable[..., Any]:
     """Dynamo runs ``function`` while tracing, and puts its result in the graph as a
     constant (what ``torch._dynamo.assume_constant_result`` does, without importing it)."""
     function._dynamo_marked_constant = True  # type: ignore[attr-defined]
@@ -141,21 +139,18 @@ def _calling(proxy: Any) -> Callable[..., Any]:
     return call_guarded
 
 
-@_marked_constant
+@marked_constant
 def dynamo_fullgraph() -> bool:
     """Whether torch.compile is tracing right now with ``fullgraph=True``."""
-    tracing = sys.modules.get("torch._dynamo.symbolic_convert")
-    current = getattr(getattr(tracing, "tls", None), "current_tx", None)
-    if current is None:  # torch < 2.2 keeps no current translator: find it on the stack
-        frame = sys._getframe(1)
-        while frame is not None and current is None:
-            candidate = frame.f_locals.get("self")
-            if hasattr(candidate, "one_graph") and hasattr(candidate, "instructions"):
-                current = candidate
-            frame = frame.f_back  # type: ignore[assignment]
+    current = translator()
     return bool(
         getattr(current, "one_graph", False) or getattr(current, "error_on_graph_break", False)
     )
+
+
+def dynamo_tracing() -> bool:
+    """Whether torch.compile is tracing on this thread right now."""
+    return "torch._dynamo.symbolic_convert" in sys.modules and translator() is not None
 
 
 def traceable(template: Callable[..., Any], **state: Any) -> Callable[..., Any]:
@@ -185,11 +180,11 @@ def remedy_report(guard: Guard, target: Target, action: str, what: str) -> Calla
         guard.emit(
             f"{what} (compiled into a torch.compile graph)",
             action=action,
-            callsite=f"{target} (compiled)",
+            callsite=traced_callsite(target),
             target=str(target),
         )
 
-    return _marked_constant(report)
+    return marked_constant(report)
 
 
 def scripted_report(guard: Guard, target: Target) -> Callable[[], None]:
@@ -207,7 +202,7 @@ def scripted_report(guard: Guard, target: Target) -> Callable[[], None]:
 
 
 def _scripted(guard: Guard, target: Target) -> None:
-    _cannot_run(
+    cannot_run(
         guard,
         target,
         "scripted_unguarded",
@@ -217,7 +212,7 @@ def _scripted(guard: Guard, target: Target) -> None:
     )
 
 
-def _cannot_run(guard: Guard, target: Target, action: str, what: str, remedy: str) -> None:
+def cannot_run(guard: Guard, target: Target, action: str, what: str, remedy: str) -> None:
     """One event: ``target`` runs where the guard cannot, so those calls are unguarded."""
     guard.emit(
         f"{target} is {what}",

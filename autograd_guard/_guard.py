@@ -72,6 +72,9 @@ class Guard(Interventions):
     rule_options: ClassVar[dict[str, Option]] = {}
     provided_by: ClassVar[str] = "autograd-guard"  # the distribution that ships the guard
     unavailable: ClassVar[str] = ""  # why a third-party guard could not be loaded
+    # Its ``_traced`` remedy is traced in strict too: it knows while tracing whether a
+    # call is risky, and refuses it there (see ``_compile_checks.refuse_in_graph``).
+    traced_in_strict: ClassVar[bool] = False
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -208,7 +211,9 @@ class Guard(Interventions):
 
     def traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
         """The remedy ``torch.compile`` traces for ``target`` (None: none, or not in this mode)."""
-        return self._traced(target, original) if self.mode in ("observe", "fix") else None
+        if self.mode in ("observe", "fix") or (self.mode == "strict" and self.traced_in_strict):
+            return self._traced(target, original)
+        return None
 
     def check_for(self, target: Target) -> Check:
         return self._check_for(target)

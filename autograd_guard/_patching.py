@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from types import FunctionType
 
 from autograd_guard._state import STATE
 
@@ -45,7 +46,7 @@ def wrap(
         parent, attribute, original = wrapt.resolve_path(module, qualname)
         if _is_ours(_callable_part(original), wrapper):
             return None
-        function_wrapper = _replacement(original, wrapper)
+        function_wrapper = _replacement(original, wrapper, isinstance(parent, type))
         result = Patched()
         _set(parent, attribute, original, function_wrapper)
         result.places.append(f"{getattr(module, '__name__', module)}:{qualname}")
@@ -61,17 +62,18 @@ def wrap(
         return result
 
 
-def _guarded_function(original: object, wrapper: Wrapper) -> Any:
+def _guarded_function(original: object, wrapper: Wrapper, method: bool = False) -> Any:
     from autograd_guard._proxies import guarded_function  # imports wrapt: only when patching
 
-    return guarded_function(original, wrapper)
+    return guarded_function(original, wrapper, method)
 
 
-def _replacement(original: object, wrapper: Wrapper) -> object:
+def _replacement(original: object, wrapper: Wrapper, in_class: bool = False) -> object:
     """The wrapped function; a property gets its getter wrapped, a staticmethod or a
     classmethod its function, so that what the class holds is still a real descriptor of
     the same kind (torch.compile reads its ``__func__``, and would trace the original
-    past a proxy that only passes for one)."""
+    past a proxy that only passes for one). A function held by a class (``in_class``) is
+    an instance method: its proxy binds to a real bound method (see ``_proxies``)."""
     if isinstance(original, property):
         if original.fget is None:
             raise NotCallableTarget("a property without a getter")
@@ -90,7 +92,7 @@ def _replacement(original: object, wrapper: Wrapper) -> object:
         kind = type(original).__name__
         article = "an" if kind[:1] in "aeiou" else "a"
         raise NotCallableTarget(f"{article} {kind}, not a function")
-    return _guarded_function(original, wrapper)
+    return _guarded_function(original, wrapper, in_class and isinstance(original, FunctionType))
 
 
 def _callable_part(obj: object) -> object:

@@ -8,17 +8,30 @@ unpickling that reference finds the wrapper again; a bound method pickles as
 ``getattr(instance, name)``, one reached through its class (or a static method) as
 ``getattr(cls, name)``. Copies of a function are the function itself. Imported only when
 something is patched: wrapt costs ~65 ms without torch.
+
+A guarded function binds as a function does: ``obj.method`` is a real bound method
+(``types.MethodType``) whose ``__func__`` is the class's proxy, so it is what users and
+libraries expect wherever they put it (``weakref.WeakMethod``, ``inspect.ismethod``, a
+``partial``, a list of callbacks), and torch.compile traces it as a bound method,
+through the proxy's ``_torchdynamo_inline``, even when it is held as a value. A method's
+proxy, called with the instance first, hands the guard that instance, as a call through
+the class does.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+import weakref
+from collections.abc import Callable
+from types import FunctionType, MethodType
 from typing import Any
 
 import wrapt
 
 from autograd_guard import _compiled
-from autograd_guard._dynamo_frames import skipped_methods
+from autograd_guard._compiled import dynamo_tracing
+from autograd_guard._dynamo_frames import DYNAMO, skipped_methods
 
 
 @skipped_methods  # run eagerly in compiled regions, never compiled
@@ -107,8 +120,61 @@ class GuardedFunction(_CopiedAsItself, wrapt.FunctionWrapper):  # type: ignore[m
     def _torchscript_modifier(self, value: Any) -> None:
         setattr(self.__wrapped__, "_torchscript_modifier", value)  # noqa: B010
 
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if type(self.__wrapped__) is not FunctionType:
+            return super().__get__(instance, owner)
+        return self if instance is None else MethodType(self, instance)
+
     def __reduce_ex__(self, protocol: Any) -> Any:
         return _name_holding(self)
+
+
+@skipped_methods  # run eagerly in compiled regions, never compiled
+class GuardedMethod(GuardedFunction):
+    """The proxy of a function a class holds (an instance method): called with the
+    instance first (``obj.method(x)`` through the bound method, or ``Cls.method(obj, x)``),
+    the guard gets the instance and the other arguments, and the original bound to it."""
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        if DYNAMO.set_eval_frame is not None:  # see __getattribute__
+            _LAST_BOUND.ref = _weak(instance)
+        return MethodType(self, instance)
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "_torchdynamo_inline":
+            # torch.compile traces ``obj.method`` as the class's inline bound to obj, and
+            # at a graph break calls ``obj.method._torchdynamo_inline`` (a real bound
+            # method hands this proxy no instance): bound to the instance of the
+            # ``obj.method`` just evaluated on this thread, as while tracing it is not.
+            inline = type(self).__dict__.get(name)
+            ref = getattr(_LAST_BOUND, "ref", None)
+            instance = None if ref is None else ref()
+            if inline is not None and instance is not None:
+                _LAST_BOUND.ref = None
+                if not dynamo_tracing():
+                    return MethodType(inline, instance)
+        return super().__getattribute__(name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not args:  # no instance: the original raises as it would unguarded
+            return self.__wrapped__(**kwargs)
+        instance = args[0]
+        bound = self.__wrapped__.__get__(instance, type(instance))
+        wrapper: Any = self._self_wrapper
+        return wrapper(bound, instance, args[1:], kwargs)
+
+
+_LAST_BOUND = threading.local()  # .ref: to the obj of the last guarded obj.method
+
+
+def _weak(instance: Any) -> Callable[[], Any]:
+    """A weak reference to ``instance`` where it takes one (a model is never kept alive)."""
+    try:
+        return weakref.ref(instance)
+    except TypeError:
+        return lambda: instance
 
 
 def _bound(function: Any, instance: Any) -> Any:
@@ -117,14 +183,16 @@ def _bound(function: Any, instance: Any) -> Any:
     return types.MethodType(function, instance)
 
 
-def guarded_function(original: Any, wrapper: Any) -> GuardedFunction:
-    """``original`` wrapped by ``wrapper``, in a proxy type of its own."""
+def guarded_function(original: Any, wrapper: Any, method: bool = False) -> GuardedFunction:
+    """``original`` wrapped by ``wrapper``, in a proxy type of its own; ``method``: an
+    instance method's function (see ``GuardedMethod``)."""
     inline = None
     make_inline = getattr(wrapper, "_autograd_guard_inline", None)
     if make_inline is not None:
         inline = make_inline(original)
     namespace = {"_torchdynamo_inline": inline} if inline is not None else {}
-    kind = type("GuardedFunction", (GuardedFunction,), namespace)
+    base = GuardedMethod if method else GuardedFunction
+    kind = type(base.__name__, (base,), namespace)
     proxy: GuardedFunction = kind(original, wrapper)
     if inline is not None:
         _compiled.bind_proxy(inline, proxy)

@@ -44,6 +44,16 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 
 
 @pytest.fixture
+def fresh_dynamo():
+    """torch.compile's caches emptied before and after the test."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def make_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Write a module (dotted name) under tmp_path and make it importable; unload it after."""
     root = tmp_path / "modules"

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import sys
 
+from autograd_guard._compile_checks import grad_mode_kept_in_graph, refuse_in_graph, traced_callsite
+from autograd_guard._compiled import cannot_run, marked_constant
 from autograd_guard._inference_clones import InferenceClones
 from autograd_guard._resumable import NO_CONTEXT, GradModes, resume_each_time_under
 from autograd_guard._state import STATE
-from autograd_guard.guard import Call, Guard, Target, remedy_report, traceable
+from autograd_guard.guard import Call, Guard, Target, traceable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,6 +40,7 @@ class GradMode(Guard):
     upstream = "https://github.com/AiuniAI/Unique3D/issues/19"
     remedy = "call the stage inside 'with torch.enable_grad():' and outside torch.inference_mode()"
     rule_action = "enable_grad"
+    traced_in_strict = True  # whether a stage is entered with grad off is known while tracing
 
     def _targets_to_wrap(self) -> Iterable[Target]:
         return [
@@ -80,13 +83,38 @@ class GradMode(Guard):
     def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
         if _resumable(target) is not None:
             return None  # a generator or coroutine under torch.compile: run it eagerly
-        return traceable(
-            _grad_mode_traced,
-            torch=sys.modules["torch"],
-            original=original,
-            report=remedy_report(self, target, "enable_grad", "stage entered with grad off"),
-            fix=self.mode == "fix",
+        traced = traceable(_grad_mode_traced, torch=sys.modules["torch"], original=original)
+        state = traced.__globals__["compiled"]
+        state.route = marked_constant(lambda: self._route(target, state))
+        return traced
+
+    def _route(self, target: Target, state: Any) -> int:
+        """How a stage entered with grad off goes into the graph (run while tracing)."""
+        kept = grad_mode_kept_in_graph()
+        if not state.in_graph() and (self.mode == "strict" or not kept):
+            return EAGER  # at a graph break, guarded as in eager code
+        if self.mode == "strict":
+            refuse_in_graph(self, target, "enable_grad", f"{_IN_GRAPH}; grad needed", self.remedy)
+        if kept:
+            done = "grad re-enabled" if self.mode == "fix" else "grad needed"
+            self.emit(
+                f"{_IN_GRAPH}; {done} in the graph",
+                action="enable_grad",
+                callsite=traced_callsite(target),
+                target=str(target),
+            )
+            return IN_GRAPH if self.mode == "fix" else ORIGINAL
+        cannot_run(
+            self,
+            target,
+            "compiled_unguarded",
+            "entered with grad off under torch.compile(fullgraph=True), whose backend "
+            "compiles such a graph for inference on this torch (< 2.5): the stage runs "
+            "without grad",
+            "call the compiled function under torch.enable_grad(), compile without "
+            "fullgraph=True, use backend='eager', or torch 2.5 or newer",
         )
+        return ORIGINAL
 
     def _intervene(self, call: Call, found: int) -> bool:
         torch = sys.modules["torch"]
@@ -171,22 +199,23 @@ class GradMode(Guard):
 
 
 compiled: Any = None  # the state of each traceable copy of the function below
+_IN_GRAPH = "stage entered with grad disabled"
+ORIGINAL, EAGER, IN_GRAPH = 0, 1, 2  # the routes of a stage entered with grad off
 
 
 def _grad_mode_traced(*args: Any, **kwargs: Any) -> Any:
-    """What torch.compile traces in place of a stage. Entered with grad off, the stage runs
-    eagerly, guarded, at a graph break: torch < 2.5 compiles a graph entered without grad
-    as an inference graph, whatever enable_grad it holds. Where no graph break can be
-    (fullgraph=True, see _compiled.make_inline), enable_grad goes into the graph."""
+    """What torch.compile traces in place of a stage. Entered with grad off, the stage
+    gets ``enable_grad`` in the graph where the graph keeps it, else runs eagerly, guarded,
+    at a graph break; where neither can be, one event says so (``_route``)."""
     if compiled.torch.is_grad_enabled():
         return compiled.original(*args, **kwargs)
-    if not compiled.in_graph():
+    route = compiled.route()
+    if route == EAGER:
         return compiled.eager(*args, **kwargs)
-    compiled.report()
-    if not compiled.fix:
-        return compiled.original(*args, **kwargs)
-    with compiled.torch.enable_grad():
-        return compiled.original(*args, **kwargs)
+    if route == IN_GRAPH:
+        with compiled.torch.enable_grad():
+            return compiled.original(*args, **kwargs)
+    return compiled.original(*args, **kwargs)
 
 
 def _resumable(target: Target) -> str | None:
