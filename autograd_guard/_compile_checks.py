@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
+from autograd_guard._dynamo_frames import skipped
 from autograd_guard.errors import GuardError
 
 TYPE_CHECKING = False
@@ -28,6 +29,7 @@ _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 AOT_KEEPS_GRAD_MODE = (2, 5)  # AOTAutograd traces a graph's grad-mode changes from here
 
 
+@skipped  # called by functions that run eagerly in compiled regions
 def translator() -> Any:
     """Dynamo's instruction translator tracing on this thread, else None."""
     tracing = sys.modules.get("torch._dynamo.symbolic_convert")

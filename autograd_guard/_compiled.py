@@ -16,6 +16,7 @@ import sys
 import types
 
 from autograd_guard._compile_checks import refuse_in_graph, traced_callsite, translator
+from autograd_guard._dynamo_frames import skipped
 from autograd_guard._state import STATE
 
 TYPE_CHECKING = False
@@ -148,6 +149,7 @@ def dynamo_fullgraph() -> bool:
     )
 
 
+@skipped  # called by a proxy's methods, which run eagerly in compiled regions
 def dynamo_tracing() -> bool:
     """Whether torch.compile is tracing on this thread right now."""
     return "torch._dynamo.symbolic_convert" in sys.modules and translator() is not None

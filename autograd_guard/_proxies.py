@@ -31,7 +31,7 @@ import wrapt
 
 from autograd_guard import _compiled
 from autograd_guard._compiled import dynamo_tracing
-from autograd_guard._dynamo_frames import DYNAMO, skipped_methods
+from autograd_guard._dynamo_frames import DYNAMO, skipped, skipped_methods
 
 
 @skipped_methods  # run eagerly in compiled regions, never compiled
@@ -169,6 +169,7 @@ class GuardedMethod(GuardedFunction):
 _LAST_BOUND = threading.local()  # .ref: to the obj of the last guarded obj.method
 
 
+@skipped  # called by a proxy's methods, which run eagerly in compiled regions
 def _weak(instance: Any) -> Callable[[], Any]:
     """A weak reference to ``instance`` where it takes one (a model is never kept alive)."""
     try:

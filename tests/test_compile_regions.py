@@ -115,6 +115,44 @@ def test_a_generator_stage_in_compiled_code_compiles_no_guard_frame(stages):
     assert frames_compiled() - before <= 6
 
 
+def test_a_generator_stage_entered_with_grad_compiles_as_unguarded(stages):
+    """Correct code: the generator is traced into the graph as unguarded, silently."""
+
+    def total(x):
+        return sum(stages.halves(x.sin())).cos()
+
+    x = torch.randn(3, requires_grad=True)
+    unguarded = GraphCount()
+    autograd_guard.uninstall()
+    torch.compile(total, backend=unguarded)(x)
+    torch._dynamo.reset()
+    autograd_guard.install({"rules": RULES})
+    guarded = GraphCount()
+    with capture_events() as events:
+        out = torch.compile(total, backend=guarded)(x)
+    assert out.requires_grad and events == []
+    assert guarded.graphs == unguarded.graphs == 1
+
+
+@pytest.mark.parametrize("mode", ["fix", "strict"])
+def test_a_generator_stage_entered_with_grad_off_under_fullgraph_is_said(stages, mode):
+    """No graph can give grad to a generator's resumes: one compiled_unguarded event,
+    and no fix claimed; strict raises in the user's call."""
+    autograd_guard.install({"mode": mode, "rules": RULES})
+    compiled = torch.compile(lambda x: list(stages.halves(x)), backend="eager", fullgraph=True)
+    x = torch.randn(3, requires_grad=True)
+    with capture_events() as events, torch.no_grad():
+        if mode == "strict":
+            with pytest.raises(autograd_guard.GuardError, match="grad needed"):
+                compiled(x)
+        else:
+            assert not any(p.requires_grad for p in compiled(x))  # as unguarded
+    expected = "enable_grad" if mode == "strict" else "compiled_unguarded"
+    assert [e["action"] for e in events] == [expected]
+    if mode == "fix":
+        assert "generator" in events[0]["event"]
+
+
 @pytest.mark.parametrize("name", ["solve", "score"])
 def test_static_and_class_methods_are_guarded_in_compiled_code(stages, name):
     w = torch.ones(3, requires_grad=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 
 from autograd_guard._compile_checks import grad_mode_kept_in_graph, refuse_in_graph, traced_callsite
-from autograd_guard._compiled import cannot_run, marked_constant
+from autograd_guard._compiled import cannot_run, dynamo_fullgraph, marked_constant
 from autograd_guard._inference_clones import InferenceClones
 from autograd_guard._resumable import NO_CONTEXT, GradModes, resume_each_time_under
 from autograd_guard._state import STATE
@@ -81,16 +81,17 @@ class GradMode(Guard):
         return self._driven(call, result)
 
     def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
-        if _resumable(target) is not None:
-            return None  # a generator or coroutine under torch.compile: run it eagerly
+        # A generator or coroutine resumes after the call: with grad off it runs eagerly,
+        # where each resume gets grad (no enable_grad in a graph can reach its resumes).
+        resumable = _resumable(target) is not None
         traced = traceable(_grad_mode_traced, torch=sys.modules["torch"], original=original)
         state = traced.__globals__["compiled"]
-        state.route = marked_constant(lambda: self._route(target, state))
+        state.route = marked_constant(lambda: self._route(target, state, resumable))
         return traced
 
-    def _route(self, target: Target, state: Any) -> int:
+    def _route(self, target: Target, state: Any, resumable: bool) -> int:
         """How a stage entered with grad off goes into the graph (run while tracing)."""
-        kept = grad_mode_kept_in_graph()
+        kept = not resumable and grad_mode_kept_in_graph()
         if not state.in_graph() and (self.mode == "strict" or not kept):
             return EAGER  # at a graph break, guarded as in eager code
         if self.mode == "strict":
@@ -104,15 +105,23 @@ class GradMode(Guard):
                 target=str(target),
             )
             return IN_GRAPH if self.mode == "fix" else ORIGINAL
+        where = (
+            "under torch.compile(fullgraph=True)"
+            if dynamo_fullgraph()
+            else "inside torch.compile, where this torch cannot run a method at a graph break"
+        )
+        why = (
+            "no graph can give grad to a generator's or coroutine's resumes"
+            if resumable
+            else "its backend compiles such a graph for inference on this torch (< 2.5)"
+        )
         cannot_run(
             self,
             target,
             "compiled_unguarded",
-            "entered with grad off under torch.compile(fullgraph=True), whose backend "
-            "compiles such a graph for inference on this torch (< 2.5): the stage runs "
-            "without grad",
-            "call the compiled function under torch.enable_grad(), compile without "
-            "fullgraph=True, use backend='eager', or torch 2.5 or newer",
+            f"entered with grad off {where}, and {why}: the stage runs without grad",
+            "call the compiled function under torch.enable_grad(), or compile without "
+            "fullgraph=True" + ("" if resumable else ", with backend='eager' or torch 2.5+"),
         )
         return ORIGINAL
 
