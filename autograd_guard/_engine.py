@@ -36,26 +36,26 @@ def install(policy: Policy | str | Mapping[str, Any] | None = None) -> None:
 
     Raises PolicyError for an invalid policy (the auto-load catches it).
     """
+    _exclusive(_install, policy)
+
+
+def _install(policy: Policy | str | Mapping[str, Any] | None) -> None:
     from autograd_guard.guards import available
 
-    with STATE.engine_lock:
-        uninstall()
-        guard_classes = available()
-        if isinstance(policy, _policy.Policy):
-            loaded = policy
-        else:
-            loaded = _policy.load(policy, guard_classes)
-        _events.configure(loaded.log, loaded.log_source)
-        _events.reset()
-        _versions.clear_cache()
-        STATE.policy, STATE.error = loaded, None
-        for warning in [] if STATE.muted else loaded.warnings:  # the guard runs on
-            sys.stderr.write(f"autograd-guard: {warning}\n")
-        for guard_class in guard_classes:
-            _start(guard_class, loaded)
-        _importer.when_imported("torch._dynamo", _keep_guard_frames_uncompiled)
-        if any(not rule.origin.startswith("preset ") for rule in loaded.rules):
-            _events.at_exit(report_unattached_rules)
+    uninstall()
+    guard_classes = available()
+    loaded = policy if isinstance(policy, _policy.Policy) else _policy.load(policy, guard_classes)
+    _events.configure(loaded.log, loaded.log_source)
+    _events.reset()
+    _versions.clear_cache()
+    STATE.policy, STATE.error = loaded, None
+    for warning in [] if STATE.muted else loaded.warnings:  # the guard runs on
+        sys.stderr.write(f"autograd-guard: {warning}\n")
+    for guard_class in guard_classes:
+        _start(guard_class, loaded)
+    _importer.when_imported("torch._dynamo", _keep_guard_frames_uncompiled)
+    if any(not rule.origin.startswith("preset ") for rule in loaded.rules):
+        _events.at_exit(report_unattached_rules)
 
 
 def _keep_guard_frames_uncompiled(dynamo: ModuleType) -> None:
@@ -165,18 +165,44 @@ def _attach_hook(guard: Guard, target: Target, late: bool) -> Callable[[ModuleTy
 
 def uninstall() -> None:
     """Unhook, restore every patched object, and keep the event counts for the summary."""
-    with STATE.engine_lock:
-        _importer.clear()
-        for guard in STATE.guards:
-            guard.detach()
-        replacements = [replacement for *_, replacement in STATE.applied]
-        skipped = _patching.undo_all()
-        _released.uninstalled(replacements)
-        for place in skipped:
-            sys.stderr.write(
-                f"autograd-guard: {place} was re-patched by someone else; left as it is\n"
-            )
-        STATE.forget_install()
+    _exclusive(_uninstall)
+
+
+def _uninstall() -> None:
+    _importer.clear()
+    for guard in STATE.guards:
+        guard.detach()
+    replacements = [replacement for *_, replacement in STATE.applied]
+    skipped = _patching.undo_all()
+    _released.uninstalled(replacements)
+    for place in skipped:
+        sys.stderr.write(f"autograd-guard: {place} was re-patched by someone else; left as it is\n")
+    STATE.forget_install()
+
+
+def _exclusive(run: Callable[..., None], *args: Any) -> None:
+    """Run ``run`` holding the engine's lock and, once ``torch._dynamo`` is imported,
+    Dynamo's compile lock before it (one order): a torch.compile in another thread never
+    traces half-patched targets (Dynamo's internal errors), and none starts before the
+    patches are all done or undone. Both are reentrant: install() run by the compiling
+    thread itself (a post-import hook inside a compile) goes on."""
+    compile_lock = _dynamo_compile_lock()
+    if compile_lock is None:
+        with STATE.engine_lock:
+            run(*args)
+        return
+    with compile_lock, STATE.engine_lock:
+        run(*args)
+
+
+def _dynamo_compile_lock() -> Any:
+    """The lock each torch.compile holds while it compiles a frame (``convert_frame``,
+    ``eval_frame`` in torch < 2.2); None before ``torch._dynamo`` is imported."""
+    for name in ("torch._dynamo.convert_frame", "torch._dynamo.eval_frame"):
+        lock = getattr(sys.modules.get(name), "compile_lock", None)
+        if lock is not None:
+            return lock
+    return None
 
 
 def install_from_environment(environ: Mapping[str, str] | None = None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 import weakref
 
 import pytest
@@ -12,8 +13,8 @@ import torch
 
 import autograd_guard
 from autograd_guard import guards
-from autograd_guard._guard import Guard, Target
 from autograd_guard._state import STATE
+from autograd_guard.guard import Guard, Target, traceable
 from autograd_guard.testing import capture_events, guarded
 
 CYCLED = """
@@ -158,3 +159,88 @@ def test_uninstall_of_a_lazy_module_attribute_lets_its_getattr_show_through(time
     assert held_pkg.lazy(1) == 20
     autograd_guard.uninstall()
     assert "lazy" not in vars(held_pkg) and held_pkg.lazy(1) == 2
+
+
+compiled = None  # the state of each traceable copy of _passed_through
+
+
+def _passed_through(*args, **kwargs):
+    return compiled.original(*args, **kwargs)
+
+
+class PausesInTrace(Guard):
+    """Its remedy, asked for while torch.compile traces, waits a while for an uninstall."""
+
+    name = "pauses_in_trace"
+    targets = (Target("paused", "stage", traced="_traced_stage"),)
+    tracing = uninstalled = threading.Event()
+    waited: list[bool] = []
+
+    def _traced_stage(self, target, original):
+        type(self).tracing.set()
+        type(self).waited.append(type(self).uninstalled.wait(1.0))
+        return traceable(_passed_through, original=original)
+
+
+def test_uninstall_waits_for_a_compile_in_another_thread(make_module):
+    make_module("paused", "def stage(x):\n    return x * 2\n")
+    PausesInTrace.tracing, PausesInTrace.uninstalled = threading.Event(), threading.Event()
+    PausesInTrace.waited = []
+    guards.register(PausesInTrace)
+    try:
+        autograd_guard.install({})
+        import paused
+
+        results = []
+
+        def compile_stage():
+            try:
+                step = torch.compile(lambda x: paused.stage(x) + 1, backend="eager")
+                results.append(step(torch.ones(3)).tolist())
+            except Exception as exc:
+                results.append(f"{type(exc).__name__}: {exc}"[:300])
+
+        def uninstall():
+            autograd_guard.uninstall()
+            PausesInTrace.uninstalled.set()
+
+        compiling = threading.Thread(target=compile_stage, daemon=True)
+        compiling.start()
+        assert PausesInTrace.tracing.wait(60)
+        uninstalling = threading.Thread(target=uninstall, daemon=True)
+        uninstalling.start()
+        compiling.join(timeout=60)
+        uninstalling.join(timeout=60)
+    finally:
+        guards.unregister(PausesInTrace)
+    assert not compiling.is_alive() and not uninstalling.is_alive()  # no deadlock
+    assert PausesInTrace.waited == [False]  # the uninstall waited for the compile
+    assert results == [[3.0, 3.0, 3.0]]
+
+
+def test_install_run_by_an_import_inside_a_compile_goes_on(make_module):
+    make_module(
+        "installs_on_import",
+        """
+        from autograd_guard import _engine, install
+
+        HELD = _engine._dynamo_compile_lock()._is_owned()  # imported by the compile
+        install({})
+        """,
+    )
+
+    def step(x):
+        import installs_on_import  # noqa: F401
+
+        return x + 1
+
+    results = []
+    compiling = threading.Thread(
+        target=lambda: results.append(torch.compile(step, backend="eager")(torch.ones(3))),
+        daemon=True,
+    )
+    compiling.start()
+    compiling.join(timeout=120)
+    assert not compiling.is_alive()  # no deadlock
+    assert results[0].tolist() == [2.0, 2.0, 2.0] and autograd_guard.status()["installed"]
+    assert sys.modules["installs_on_import"].HELD
