@@ -99,7 +99,9 @@ def test_a_method_held_after_uninstall_compiles_as_its_original(make_module, hel
     w = torch.ones(3, requires_grad=True)
     run = cycled.Fitter().run if held == "bound" else cycled.Fitter.solve
     autograd_guard.uninstall()
-    compiled = torch.compile(lambda x: run(x, w) * 2, backend="eager")
+    # torch 2.1 cannot trace a held method of a guarded class with fullgraph=True at all
+    fullgraph = held == "static"
+    compiled = torch.compile(lambda x: run(x, w) * 2, backend="eager", fullgraph=fullgraph)
     with torch.no_grad(), capture_events() as events:
         out = compiled(torch.ones(3))
     assert out.item() == 6.0 and not out.requires_grad
