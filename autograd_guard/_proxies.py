@@ -157,13 +157,14 @@ class GuardedMethod(GuardedFunction):
                     return MethodType(inline, instance)
         return super().__getattribute__(name)
 
+    _method_parts: tuple[Any, Any] = (None, None)  # the original, the guard's wrapper
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        original, wrapper = type(self)._method_parts  # no attribute lookup on the proxy
         if not args:  # no instance: the original raises as it would unguarded
-            return self.__wrapped__(**kwargs)
+            return original(**kwargs)
         instance = args[0]
-        bound = self.__wrapped__.__get__(instance, type(instance))
-        wrapper: Any = self._self_wrapper
-        return wrapper(bound, instance, args[1:], kwargs)
+        return wrapper(original.__get__(instance, type(instance)), instance, args[1:], kwargs)
 
 
 _LAST_BOUND = threading.local()  # .ref: to the obj of the last guarded obj.method
@@ -191,7 +192,9 @@ def guarded_function(original: Any, wrapper: Any, method: bool = False) -> Guard
     make_inline = getattr(wrapper, "_autograd_guard_inline", None)
     if make_inline is not None:
         inline = make_inline(original)
-    namespace = {"_torchdynamo_inline": inline} if inline is not None else {}
+    namespace: dict[str, Any] = {"_torchdynamo_inline": inline} if inline is not None else {}
+    if method:
+        namespace["_method_parts"] = (original, wrapper)
     base = GuardedMethod if method else GuardedFunction
     kind = type(base.__name__, (base,), namespace)
     proxy: GuardedFunction = kind(original, wrapper)

@@ -90,6 +90,26 @@ def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:
 
     add("grad_mode stage, grad on", guard_for("grad_mode"), Target("m", "stage"), stage, (tensor,))
 
+    def add_method(case: str) -> None:
+        """``obj.stage(x)``: the bound method a guarded method makes, then its call."""
+
+        class Model:
+            def stage(self, x: Any) -> Any:
+                return x
+
+        class Guarded:
+            pass
+
+        wrapper = guard_for("grad_mode").wrapper_for(Target("m", "Model.stage"))
+        Guarded.stage = guarded_function(vars(Model)["stage"], wrapper, method=True)  # type: ignore[attr-defined]
+        bare, guarded = Model(), Guarded()
+        base, wrapped = compare(
+            lambda x: bare.stage(x), lambda x: guarded.stage(x), (tensor,), {}, calls, blocks
+        )
+        rows.append(Row("per call", case, base, wrapped, "us", goal))
+
+    add_method("grad_mode method obj.stage(x), grad on")
+
     class FakeMeshes:  # what taubin_smoothing reads of a Meshes on its pass-through path
         def verts_packed(self) -> Any:
             return tensor
@@ -251,6 +271,7 @@ def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:
         stage,
         (tensor,),
     )
+    add_method("grad_mode method obj.stage(x), grad on, torch._dynamo imported")
     return rows
 
 
