@@ -246,3 +246,63 @@ def test_install_run_by_an_import_inside_a_compile_goes_on(make_module):
     assert not compiling.is_alive()  # no deadlock
     assert results[0].tolist() == [2.0, 2.0, 2.0] and autograd_guard.status()["installed"]
     assert sys.modules["installs_on_import"].HELD
+
+
+INHERITED = """
+class Base:
+    def meth(self, x):
+        return x + 1
+
+    @classmethod
+    def made(cls, x):
+        return x + 1
+
+    @staticmethod
+    def plain(x):
+        return x + 1
+
+    @property
+    def value(self):
+        return 2
+
+class Sub(Base):
+    pass
+"""
+NAMES = ("meth", "made", "plain", "value")
+
+
+def _times(factor, *classes):
+    class Times(Guard):
+        name = f"times_{factor}"
+        targets = tuple(Target("inherited", f"{c}.{n}") for c in classes for n in NAMES)
+
+        def handle(self, call):
+            return call.proceed() * factor
+
+    return Times
+
+
+@pytest.mark.parametrize(
+    "patched", [("Sub",), ("Sub", "Base"), ("Base", "Sub"), ("Sub", "Sub"), ("Base+Sub",)]
+)
+def test_uninstall_restores_every_class_of_a_hierarchy(make_module, patched):
+    """One guard per entry of ``patched`` (``Base+Sub``: one guard on both)."""
+    make_module("inherited", INHERITED)
+    import inherited
+
+    before = {kind: dict(vars(kind)) for kind in (inherited.Base, inherited.Sub)}
+    kinds = [_times(10 + i, *entry.split("+")) for i, entry in enumerate(patched)]
+    for kind in kinds:
+        guards.register(kind)
+    try:
+        autograd_guard.install({})
+        sub = inherited.Sub()
+        assert min(sub.meth(1), sub.made(1), sub.plain(1), sub.value) >= 20
+        later = type("Later", (inherited.Sub,), {})  # a subclass made while installed
+        autograd_guard.uninstall()
+    finally:
+        for kind in kinds:
+            guards.unregister(kind)
+    assert {kind: dict(vars(kind)) for kind in (inherited.Base, inherited.Sub)} == before
+    assert (sub.meth(1), sub.made(1), sub.plain(1), sub.value) == (2, 2, 2, 2)
+    assert later().meth(1) == 2
