@@ -159,7 +159,8 @@ def traceable(template: Callable[..., Any], **state: Any) -> Callable[..., Any]:
     """A copy of the module-level ``template`` whose global ``compiled`` holds ``state``.
 
     What ``Guard._traced`` returns must not be a closure: for a method, Dynamo guards the
-    traced function's closure through the wrapper, which forwards to the original's.
+    traced function's closure through the wrapper, which forwards to the original's. The
+    copy's module is in ``sys.modules`` until ``uninstall()`` (see ``_released``).
     """
     # Dynamo finds a traced function's globals through sys.modules[__name__].
     name = f"autograd_guard._traced_{template.__name__}_{next(_TRACED_IDS)}"
