@@ -33,11 +33,15 @@ class Fitter:
 
 def pure(x):
     return x * 2
+
+def stage(x, w):
+    return (x * w).sum()
 """
 
 RULES = [
     {"target": "value_stages:Fitter.fit", "action": "enable_grad"},
     {"target": "value_stages:pure", "action": "snapshot", "check": "data"},
+    {"target": "value_stages:stage", "action": "enable_grad"},
 ]
 
 
@@ -58,7 +62,19 @@ HOLDERS = {
     "partial": lambda fitter: (lambda run: lambda x: run(x))(functools.partial(fitter.fit)),
     "callback list": lambda fitter: (lambda runs: lambda x: runs[0](x))([fitter.fit]),
     "attribute": lambda fitter: lambda x: fitter.fit(x),
+    # a guarded function, held the same ways (the module is the fitter's)
+    "function value": lambda fitter: (lambda run: lambda x: run(x, fitter.w))(_stage()),
+    "function partial": lambda fitter: (lambda run: lambda x: run(x))(
+        functools.partial(_stage(), w=fitter.w)
+    ),
+    "function in a list": lambda fitter: (lambda runs: lambda x: runs[0](x, fitter.w))([_stage()]),
 }
+
+
+def _stage():
+    import value_stages
+
+    return value_stages.stage
 
 
 def _compile_and_count(function, fullgraph: bool):
