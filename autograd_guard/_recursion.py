@@ -11,6 +11,12 @@ thread that went deeper meanwhile makes CPython abort ("Cannot recover from stac
 overflow"), so levels are given back only while no other Python thread runs, and taken
 back only then (later, if a thread has started since). The program's own limit stands: if
 it sets one while levels are given back, those levels are not taken back from its value.
+
+The program sees the levels given back: ``sys.getrecursionlimit()`` inside a nested guarded
+call reads one higher per guarded level around it. Nothing else gives the level back: the
+C-level call is counted by the interpreter's own counter, which Python cannot lower, and
+a ``sys.getrecursionlimit`` of ours would change a function of the standard library for
+every caller (and not what C code reads).
 """
 
 from __future__ import annotations
