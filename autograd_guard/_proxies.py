@@ -87,12 +87,36 @@ class GuardedBoundFunction(_CopiedAsItself, wrapt.BoundFunctionWrapper):  # type
         return self.__wrapped__.__reduce_ex__(protocol)
 
 
+@skipped  # run eagerly in compiled regions, never compiled
+def _bind(
+    descriptor: Any,
+    instance: Any,
+    wrapper: Any,
+    enabled: Any,
+    binding: str,
+    parent: Any,
+    owner: Any,
+) -> Any:
+    """``parent`` bound as its original binds: a function to a real bound method (the
+    class's attribute, unbound), anything else as wrapt binds it."""
+    if type(parent.__wrapped__) is not FunctionType:
+        bound: Any = GuardedBoundFunction  # wrapt's constructor, untyped
+        return bound(descriptor, instance, wrapper, enabled, binding, parent, owner)
+    if instance is None:
+        return parent
+    if DYNAMO.set_eval_frame is not None and isinstance(parent, GuardedMethod):
+        _LAST_BOUND.ref = _weak(instance)  # see GuardedMethod.__getattribute__
+    return MethodType(parent, instance)
+
+
 @skipped_methods  # run eagerly in compiled regions, never compiled
 class GuardedFunction(_CopiedAsItself, wrapt.FunctionWrapper):  # type: ignore[misc, type-arg]
     """Made by ``guarded_function``: each guarded target gets a subclass of its own, whose
     ``_torchdynamo_inline`` class attribute is what torch.compile traces in its place."""
 
-    __bound_function_wrapper__ = GuardedBoundFunction
+    # What wrapt's own (C) __get__ calls to bind: a real bound method (see the module's
+    # docstring). The descriptor stays wrapt's: torch.compile does not trace it.
+    __bound_function_wrapper__ = staticmethod(_bind)
 
     def __getattribute__(self, name: str) -> Any:
         if name == "_torchdynamo_inline":
@@ -120,11 +144,6 @@ class GuardedFunction(_CopiedAsItself, wrapt.FunctionWrapper):  # type: ignore[m
     def _torchscript_modifier(self, value: Any) -> None:
         setattr(self.__wrapped__, "_torchscript_modifier", value)  # noqa: B010
 
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
-        if type(self.__wrapped__) is not FunctionType:
-            return super().__get__(instance, owner)
-        return self if instance is None else MethodType(self, instance)
-
     def __reduce_ex__(self, protocol: Any) -> Any:
         return _name_holding(self)
 
@@ -134,13 +153,6 @@ class GuardedMethod(GuardedFunction):
     """The proxy of a function a class holds (an instance method): called with the
     instance first (``obj.method(x)`` through the bound method, or ``Cls.method(obj, x)``),
     the guard gets the instance and the other arguments, and the original bound to it."""
-
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
-        if instance is None:
-            return self
-        if DYNAMO.set_eval_frame is not None:  # see __getattribute__
-            _LAST_BOUND.ref = _weak(instance)
-        return MethodType(self, instance)
 
     def __getattribute__(self, name: str) -> Any:
         if name == "_torchdynamo_inline":
