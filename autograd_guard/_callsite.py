@@ -7,10 +7,15 @@ Under ``torch.compile`` the user's frame may run code that torch made from it:
   returning ``gm.forward``, ``torch.fx.symbolic_trace``): its frames count as torch's,
   and the call site is the line the graph's node was traced from (torch 2.2 and newer
   keep it), else the user's frame that called into the graph;
+- while Dynamo traces, a call run on fake tensors: the line Dynamo traces;
 - the code Dynamo rewrote from the user's function (or a resume function after a graph
   break), whose lines some torch releases lose: every instruction on the ``def`` line
-  (torch 2.6 on CPython 3.12 at a graph break; a graph calling out on most). There the
-  line is found in the function's own code, where it loads the callee's name once.
+  (torch 2.6 on CPython 3.12 at a graph break). There the line is found in the code it
+  was rewritten from: the last call before the point where the next resume function
+  resumes (or the line that resume function is named after); with none, the last line
+  that loads the callee's name.
+
+Reading torch's internals never fails a call site: the frame's own line stands.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
     from types import FrameType
     from typing import Any
 
@@ -81,7 +86,8 @@ def find_callsite(*libraries: str, start: FrameType | None = None) -> str:
             package = module.partition(".")[0]
             first_frame = first_frame or frame
             if traced is None and (module in _TRACERS or filename.startswith("<eval_with_key>")):
-                traced = _traced_line(frame, own + tuple(_package_dirs(("torch", *libraries))))
+                skipped = own + tuple(_package_dirs(("torch", *libraries)))
+                traced = _fail_open(_traced_line, frame, skipped)
             if package not in _INFRASTRUCTURE and not _generated(frame):
                 if package not in libraries:
                     return traced or _where(frame, callee)
@@ -138,6 +144,14 @@ def _traced_line(frame: FrameType, skipped: tuple[str, ...]) -> str | None:
     return None
 
 
+def _fail_open(read: Callable[..., Any], *args: Any) -> Any:
+    """``read(*args)``, or None where torch's internals are not what it expects."""
+    try:
+        return read(*args)
+    except Exception:
+        return None
+
+
 def _package_dirs(names: tuple[str, ...]) -> list[str]:
     dirs = []
     for name in names:
@@ -151,7 +165,7 @@ def _where(frame: FrameType, callee: str | None = None) -> str:
     line = frame.f_lineno
     code = frame.f_code
     if line == code.co_firstlineno and callee is not None:
-        line = _rewritten_line(frame, callee) or line
+        line = _fail_open(_rewritten_line, frame, callee) or line
     return f"{os.path.normpath(code.co_filename)}:{line}"
 
 
