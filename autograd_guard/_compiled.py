@@ -90,6 +90,8 @@ def _choose(guard: Guard, target: Target, state: Any) -> int:
             namespace = getattr(state.traced, "__globals__", {}).get("compiled")
             if namespace is not None:
                 namespace.eager, namespace.in_graph = state.eager, state.in_graph
+                if getattr(namespace, "in_place_of_inline", False):
+                    _traced_in_place(state)
         except Exception as exc:
             guard.fail("compile", exc)
     if state.traced is not None:
@@ -107,6 +109,15 @@ def _choose(guard: Guard, target: Target, state: Any) -> int:
         refuse_in_graph(guard, target, "compiled_unguarded", what, remedy)
     cannot_run(guard, target, "compiled_unguarded", what, remedy)
     return UNGUARDED
+
+
+def _traced_in_place(state: Any) -> None:
+    """From now on Dynamo traces the remedy in the proxy's place, past this inline: one
+    frame less per guarded call in the traced code (recursion goes deeper). The remedy
+    does the inline's own work: it reads ``guard.active`` and calls the original."""
+    kind = type(state.proxy)
+    if vars(kind).get("_torchdynamo_inline") is not None:
+        kind._torchdynamo_inline = state.traced
 
 
 def _method_graph_breaks_work() -> bool:

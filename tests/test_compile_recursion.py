@@ -26,10 +26,10 @@ def limits(n, seen):
     return seen
 """
 
-# Dynamo inlines the guard's inline function, the traced remedy and the original for each
-# level (one function unguarded): here 20 levels guarded against 77 to 78 unguarded on
-# torch 2.1, 2.13 and 2.15. Less than this share fails.
-RATIO = 0.2
+# Dynamo traces the traced remedy in the proxy's place (with its own wrapper call on
+# torch 2.2+) and the original for each level, one function unguarded: 27 levels guarded
+# against 80 unguarded on torch 2.13 and 2.15. Less than this share fails.
+RATIO = 0.3
 
 
 @pytest.fixture

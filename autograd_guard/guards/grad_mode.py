@@ -84,7 +84,13 @@ class GradMode(Guard):
         # A generator or coroutine resumes after the call: with grad off it runs eagerly,
         # where each resume gets grad (no enable_grad in a graph can reach its resumes).
         resumable = _resumable(target) is not None
-        traced = traceable(_grad_mode_traced, torch=sys.modules["torch"], original=original)
+        traced = traceable(
+            _grad_mode_traced,
+            torch=sys.modules["torch"],
+            original=original,
+            guard=self,
+            in_place_of_inline=True,  # it reads guard.active: see _compiled._traced_in_place
+        )
         state = traced.__globals__["compiled"]
         state.route = marked_constant(lambda: self._route(target, state, resumable))
         return traced
@@ -216,7 +222,8 @@ def _grad_mode_traced(*args: Any, **kwargs: Any) -> Any:
     """What torch.compile traces in place of a stage. Entered with grad off, the stage
     gets ``enable_grad`` in the graph where the graph keeps it, else runs eagerly, guarded,
     at a graph break; where neither can be, one event says so (``_route``)."""
-    if compiled.torch.is_grad_enabled():
+    # guard.active is read while tracing: after uninstall() a compiled caller recompiles
+    if not compiled.guard.active or compiled.torch.is_grad_enabled():
         return compiled.original(*args, **kwargs)
     route = compiled.route()
     if route == EAGER:
