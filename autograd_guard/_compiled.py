@@ -53,6 +53,7 @@ def make_inline(guard: Guard, target: Target, original: Callable[..., Any]) -> C
         return dynamo_fullgraph() or (method and not _method_graph_breaks_work())
 
     state.how, state.in_graph = how, in_graph
+    state.prepare = lambda: prepare(guard, target, state)
     return inline
 
 
@@ -80,20 +81,7 @@ def _run_compiled(*args: Any, **kwargs: Any) -> Any:
 
 def _choose(guard: Guard, target: Target, state: Any) -> int:
     """Runs while torch.compile traces a call of the guarded function."""
-    if state.eager is None:
-        state.eager = sys.modules["torch"]._dynamo.disable(_calling(state.proxy))
-    if not state.tried:
-        state.tried = True
-        try:
-            state.traced = guard.traced(target, state.original)
-            # a traced remedy may still run the guarded call at a graph break
-            namespace = getattr(state.traced, "__globals__", {}).get("compiled")
-            if namespace is not None:
-                namespace.eager, namespace.in_graph = state.eager, state.in_graph
-                if getattr(namespace, "in_place_of_inline", False):
-                    _traced_in_place(state)
-        except Exception as exc:
-            guard.fail("compile", exc)
+    prepare(guard, target, state)
     if state.traced is not None:
         return TRACED
     if not state.in_graph():
@@ -109,6 +97,27 @@ def _choose(guard: Guard, target: Target, state: Any) -> int:
         refuse_in_graph(guard, target, "compiled_unguarded", what, remedy)
     cannot_run(guard, target, "compiled_unguarded", what, remedy)
     return UNGUARDED
+
+
+def prepare(guard: Guard, target: Target, state: Any) -> None:
+    """The guarded call as it runs at a graph break, and the guard's traced remedy: made
+    once, while torch.compile traces (``_proxies`` asks as soon as Dynamo looks up the
+    proxy's inline, so that the remedy is traced in its place from the first compile)."""
+    if state.eager is None:
+        state.eager = sys.modules["torch"]._dynamo.disable(_calling(state.proxy))
+    if state.tried:
+        return
+    state.tried = True
+    try:
+        state.traced = guard.traced(target, state.original)
+        # a traced remedy may still run the guarded call at a graph break
+        namespace = getattr(state.traced, "__globals__", {}).get("compiled")
+        if namespace is not None:
+            namespace.eager, namespace.in_graph = state.eager, state.in_graph
+            if getattr(namespace, "in_place_of_inline", False):
+                _traced_in_place(state)
+    except Exception as exc:
+        guard.fail("compile", exc)
 
 
 def _traced_in_place(state: Any) -> None:

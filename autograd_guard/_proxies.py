@@ -123,6 +123,11 @@ class GuardedFunction(_CopiedAsItself, wrapt.FunctionWrapper):  # type: ignore[m
             # The plain function, never bound to the proxy: Dynamo reads it both ways
             # (inspect.getattr_static and getattr) across torch versions.
             inline = type(self).__dict__.get(name)
+            state = getattr(inline, "__globals__", {}).get("compiled")  # the inline's
+            prepare = getattr(state, "prepare", None)
+            if getattr(state, "tried", None) is False and prepare and dynamo_tracing():
+                prepare()  # the remedy, traced in the inline's place from now on
+                inline = type(self).__dict__.get(name)
             if inline is not None:
                 return inline
         return super().__getattribute__(name)
