@@ -1,5 +1,6 @@
 """A guarded method through ``weakref.WeakMethod``, ``inspect``, ``copy``, ``pickle`` and a
-``functools.partial``: everything a program asks of a bound method answers as unguarded."""
+``functools.partial``, eagerly and in ``torch.compile``: everything a program asks of a
+bound method answers as unguarded."""
 
 import copy
 import functools
@@ -28,6 +29,12 @@ class Model:
         return (x * self.scale).sum() + offset
 
 
+def compiled_score(method):
+    """The bound method held by a compiled function (a closure)."""
+    scored = torch.compile(lambda x: method(x, offset=0.5), backend="eager", fullgraph=True)
+    return scored(torch.ones(2)).item()
+
+
 def main():
     model = Model(2.0)
     method = model.score
@@ -40,5 +47,10 @@ def main():
     print(copied.__self__ is model, copied.__self__.scale, copied(torch.ones(2)).item())
     loaded = pickle.loads(pickle.dumps(method))
     print(type(loaded).__name__, loaded.__self__.scale, loaded(torch.ones(2)).item())
+    try:  # torch.compile does not trace a WeakMethod's call: the same error as unguarded
+        torch.compile(lambda x: weak()(x), backend="eager", fullgraph=True)(torch.ones(2))
+    except Exception as exc:
+        print(type(exc).__name__)
+    print(compiled_score(method))
     del model, method, copied
     print(weak())  # the method's instance is gone: nothing kept it alive
