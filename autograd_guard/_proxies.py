@@ -102,11 +102,10 @@ def _bind(
     if type(parent.__wrapped__) is not FunctionType:
         bound: Any = GuardedBoundFunction  # wrapt's constructor, untyped
         return bound(descriptor, instance, wrapper, enabled, binding, parent, owner)
-    if instance is None:
-        return parent
     if DYNAMO.set_eval_frame is not None and isinstance(parent, GuardedMethod):
-        _LAST_BOUND.ref = _weak(instance)  # see GuardedMethod.__getattribute__
-    return MethodType(parent, instance)
+        # see GuardedMethod.__getattribute__ (reached through the class: no instance)
+        _LAST_BOUND.ref = None if instance is None else _weak(instance)
+    return parent if instance is None else MethodType(parent, instance)
 
 
 @skipped_methods  # run eagerly in compiled regions, never compiled
