@@ -53,7 +53,6 @@ def make_inline(guard: Guard, target: Target, original: Callable[..., Any]) -> C
         return dynamo_fullgraph() or (method and not _method_graph_breaks_work())
 
     state.how, state.in_graph = how, in_graph
-    state.prepare = lambda: prepare(guard, target, state)
     return inline
 
 
@@ -81,7 +80,7 @@ def _run_compiled(*args: Any, **kwargs: Any) -> Any:
 
 def _choose(guard: Guard, target: Target, state: Any) -> int:
     """Runs while torch.compile traces a call of the guarded function."""
-    prepare(guard, target, state)
+    _prepare(guard, target, state)
     if state.traced is not None:
         return TRACED
     if not state.in_graph():
@@ -99,10 +98,11 @@ def _choose(guard: Guard, target: Target, state: Any) -> int:
     return UNGUARDED
 
 
-def prepare(guard: Guard, target: Target, state: Any) -> None:
+def _prepare(guard: Guard, target: Target, state: Any) -> None:
     """The guarded call as it runs at a graph break, and the guard's traced remedy: made
-    once, while torch.compile traces (``_proxies`` asks as soon as Dynamo looks up the
-    proxy's inline, so that the remedy is traced in its place from the first compile)."""
+    once, while torch.compile traces. The inline stays what Dynamo traces in the proxy's
+    place: a trace that took another path when it restarts after a graph break fails
+    (Dynamo's speculation log), so nothing is swapped while a trace runs."""
     if state.eager is None:
         state.eager = sys.modules["torch"]._dynamo.disable(_calling(state.proxy))
     if state.tried:
@@ -114,19 +114,8 @@ def prepare(guard: Guard, target: Target, state: Any) -> None:
         namespace = getattr(state.traced, "__globals__", {}).get("compiled")
         if namespace is not None:
             namespace.eager, namespace.in_graph = state.eager, state.in_graph
-            if getattr(namespace, "in_place_of_inline", False):
-                _traced_in_place(state)
     except Exception as exc:
         guard.fail("compile", exc)
-
-
-def _traced_in_place(state: Any) -> None:
-    """From now on Dynamo traces the remedy in the proxy's place, past this inline: one
-    frame less per guarded call in the traced code (recursion goes deeper). The remedy
-    does the inline's own work: it reads ``guard.active`` and calls the original."""
-    kind = type(state.proxy)
-    if vars(kind).get("_torchdynamo_inline") is not None:
-        kind._torchdynamo_inline = state.traced
 
 
 def _method_graph_breaks_work() -> bool:

@@ -31,7 +31,13 @@ import wrapt
 
 from autograd_guard import _compiled
 from autograd_guard._compiled import dynamo_tracing
-from autograd_guard._dynamo_frames import DYNAMO, skipped, skipped_methods
+from autograd_guard._dynamo_frames import (
+    DYNAMO,
+    region_callback,
+    restore,
+    skipped,
+    skipped_methods,
+)
 
 
 @skipped_methods  # run eagerly in compiled regions, never compiled
@@ -95,7 +101,7 @@ def _bind(
     enabled: Any,
     binding: str,
     parent: Any,
-    owner: Any,
+    owner: Any = None,  # not passed for ``Class.method.__get__(obj)``
 ) -> Any:
     """``parent`` bound as its original binds: a function to a real bound method (the
     class's attribute, unbound), anything else as wrapt binds it."""
@@ -122,11 +128,6 @@ class GuardedFunction(_CopiedAsItself, wrapt.FunctionWrapper):  # type: ignore[m
             # The plain function, never bound to the proxy: Dynamo reads it both ways
             # (inspect.getattr_static and getattr) across torch versions.
             inline = type(self).__dict__.get(name)
-            state = getattr(inline, "__globals__", {}).get("compiled")  # the inline's
-            prepare = getattr(state, "prepare", None)
-            if getattr(state, "tried", None) is False and prepare and dynamo_tracing():
-                prepare()  # the remedy, traced in the inline's place from now on
-                inline = type(self).__dict__.get(name)
             if inline is not None:
                 return inline
         return super().__getattribute__(name)
@@ -175,23 +176,34 @@ class GuardedMethod(GuardedFunction):
 
     _method_parts: tuple[Any, Any] = (None, None)  # the original, the guard's wrapper
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         original, wrapper = type(self)._method_parts  # no attribute lookup on the proxy
-        if not args:  # no instance: the original raises as it would unguarded
-            return original(**kwargs)
-        instance = args[0]
-        return wrapper(original.__get__(instance, type(instance)), instance, args[1:], kwargs)
+        if args:
+            instance, args = args[0], args[1:]
+        else:  # the instance by keyword (``Cls.method(self=obj, x=1)``), or none at all
+            first = original.__code__.co_varnames[: original.__code__.co_argcount][:1]
+            if not first or first[0] not in kwargs:
+                return original(**kwargs)  # raises as it would unguarded
+            kwargs = dict(kwargs)
+            instance = kwargs.pop(first[0])
+        return wrapper(original.__get__(instance, type(instance)), instance, args, kwargs)
 
 
 _LAST_BOUND = threading.local()  # .ref: to the obj of the last guarded obj.method
 
 
 @skipped  # called by a proxy's methods, which run eagerly in compiled regions
-def _weak(instance: Any) -> Callable[[], Any]:
-    """A weak reference to ``instance`` where it takes one (a model is never kept alive)."""
+def _weak(instance: Any) -> Callable[[], Any] | None:
+    """A weak reference to ``instance``; one that takes none (``__slots__`` without
+    ``__weakref__``) is held only inside a compiled region, where a rebuilt call may need
+    it, never by eager code (an object is never kept alive past its last use there)."""
     try:
         return weakref.ref(instance)
     except TypeError:
+        callback = region_callback()  # unsets it: set again below
+        if callback is None:
+            return None
+        restore(callback)
         return lambda: instance
 
 

@@ -77,7 +77,7 @@ def _stage():
     return value_stages.stage
 
 
-def _compile_and_count(function, fullgraph: bool):
+def _compile_and_count(function, fullgraph: bool, grad: bool = False):
     graphs = []
 
     def backend(gm, example_inputs):
@@ -85,7 +85,7 @@ def _compile_and_count(function, fullgraph: bool):
         return gm.forward
 
     try:
-        with torch.no_grad():
+        with torch.set_grad_enabled(grad):
             out = torch.compile(function, backend=backend, fullgraph=fullgraph)(torch.arange(3.0))
     except Exception as exc:  # what this torch's Dynamo cannot trace, unguarded too
         out = exc
@@ -198,3 +198,67 @@ def test_observe_under_fullgraph_says_needed_and_changes_nothing(module):
 def _line_of(compiled) -> int:
     """The line of the lambda compiled in the calling test."""
     return compiled._torchdynamo_orig_callable.__code__.co_firstlineno
+
+
+@pytest.mark.parametrize("kind", ["function", "method"])
+def test_a_graph_break_after_a_guarded_call_compiles_as_unguarded(module, kind):
+    """Dynamo restarts its analysis at a graph break: the guarded call must trace the same
+    way again (correct code, grad on: nothing to do, nothing said)."""
+    fitter = module.Fitter()
+
+    def step(x):
+        y = module.stage(x, fitter.w) if kind == "function" else fitter.fit(x)
+        torch._dynamo.graph_break()
+        return y + 1
+
+    plain_out, plain_graphs = _compile_and_count(step, fullgraph=False, grad=True)
+    _install()
+    with capture_events() as events:
+        out, graphs = _compile_and_count(step, fullgraph=False, grad=True)
+    assert out.item() == plain_out.item() and graphs == plain_graphs and events == []
+
+
+def test_a_guarded_method_binds_as_a_function_does(module):
+    _install()
+    fitter, x = module.Fitter(), torch.ones(3)
+    function = vars(module.Fitter)["fit"]
+    bound = module.Fitter.fit.__get__(fitter)  # patching a method onto an instance
+    assert type(bound) is types.MethodType and bound(x).item() == 3.0
+    assert function.__get__(None, module.Fitter) is function
+    assert module.Fitter.fit(self=fitter, x=x).item() == 3.0  # the instance by keyword
+    with pytest.raises(TypeError, match="missing"):
+        module.Fitter.fit(x=x)  # as unguarded
+
+
+def test_an_object_without_weak_references_is_not_kept_alive(make_module):
+    import gc
+
+    slotted = importlib.import_module(
+        make_module(
+            "slotted_stage",
+            """
+            FREED = []
+
+            class Slotted:
+                __slots__ = ("scale",)
+
+                def __init__(self):
+                    self.scale = 2.0
+
+                def fit(self, x):
+                    return x * self.scale
+
+                def __del__(self):
+                    FREED.append(True)
+            """,
+        )
+    )
+    importlib.import_module("torch._dynamo")  # the guard then keeps what a rebuilt call needs
+    autograd_guard.install(
+        {"rules": [{"target": "slotted_stage:Slotted.fit", "action": "enable_grad"}]}
+    )
+    obj = slotted.Slotted()
+    assert obj.fit(torch.ones(1)).item() == 2.0
+    del obj
+    gc.collect()
+    assert slotted.FREED == [True]  # nothing of the guard holds it

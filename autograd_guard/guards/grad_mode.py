@@ -88,8 +88,6 @@ class GradMode(Guard):
             _grad_mode_traced,
             torch=sys.modules["torch"],
             original=original,
-            guard=self,
-            in_place_of_inline=True,  # it reads guard.active: see _compiled._traced_in_place
         )
         state = traced.__globals__["compiled"]
         state.route = marked_constant(lambda: self._route(target, state, resumable))
@@ -222,8 +220,7 @@ def _grad_mode_traced(*args: Any, **kwargs: Any) -> Any:
     """What torch.compile traces in place of a stage. Entered with grad off, the stage
     gets ``enable_grad`` in the graph where the graph keeps it, else runs eagerly, guarded,
     at a graph break; where neither can be, one event says so (``_route``)."""
-    # guard.active is read while tracing: after uninstall() a compiled caller recompiles
-    if not compiled.guard.active or compiled.torch.is_grad_enabled():
+    if compiled.torch.is_grad_enabled():
         return compiled.original(*args, **kwargs)
     route = compiled.route()
     if route == EAGER:

@@ -30,29 +30,23 @@ class Fitter:
         return (x * self.w).sum()
 
 
-def fixed_by_hand():
-    return torch.enable_grad() if os.environ.get("TWIN_HANDFIX") else contextlib.nullcontext()
-
-
 def main():
     fitter = Fitter()
     run, bound, callbacks = fitter.fit, functools.partial(fitter.fit), [fitter.fit]
 
     def by_value(x):
-        with fixed_by_hand():
-            return run(x)
+        return run(x)
 
     def by_partial(x):
-        with fixed_by_hand():
-            return bound(x)
+        return bound(x)
 
     def by_callbacks(x):
-        with fixed_by_hand():
-            return callbacks[0](x)
+        return callbacks[0](x)
 
     x = torch.arange(3.0)
     for name, step in [("value", by_value), ("partial", by_partial), ("list", by_callbacks)]:
-        with torch.no_grad():
+        hand = torch.enable_grad() if os.environ.get("TWIN_HANDFIX") else contextlib.nullcontext()
+        with torch.no_grad(), hand:
             eager = step(x)
             compiled = torch.compile(step, backend="eager")(x)
         print(name, eager.item(), eager.requires_grad, compiled.item(), compiled.requires_grad)
