@@ -10,10 +10,12 @@ Under ``torch.compile`` the user's frame may run code that torch made from it:
 - while Dynamo traces, a call run on fake tensors: the line Dynamo traces;
 - the code Dynamo rewrote from the user's function (or a resume function after a graph
   break), whose lines some torch releases lose: every instruction on the ``def`` line
-  (torch 2.6 on CPython 3.12 at a graph break). There the line is found in the code it
-  was rewritten from: the last call before the point where the next resume function
-  resumes (or the line that resume function is named after); with none, the last line
-  that loads the callee's name.
+  (torch 2.6 on CPython 3.12 at a graph break), or on a line of torch's template for a
+  ``with`` block around a graph break (the same torch, a line the code it was rewritten
+  from does not have). There the line is found in the code it was rewritten from: the
+  last call before the point where the next resume function resumes (or the line that
+  resume function is named after); with none, the last line that loads the callee's
+  name, else the ``def`` line.
 
 Reading torch's internals never fails a call site: the frame's own line stands.
 """
@@ -164,19 +166,43 @@ def _package_dirs(names: tuple[str, ...]) -> list[str]:
 def _where(frame: FrameType, callee: str | None = None) -> str:
     line = frame.f_lineno
     code = frame.f_code
-    if line == code.co_firstlineno and callee is not None:
-        line = _fail_open(_rewritten_line, frame, callee) or line
+    foreign = _fail_open(_foreign_line, frame)
+    if foreign or (line == code.co_firstlineno and callee is not None):
+        found = _fail_open(_rewritten_line, frame, callee)
+        line = found or (code.co_firstlineno if foreign else line)
     return f"{os.path.normpath(code.co_filename)}:{line}"
 
 
-def _rewritten_line(frame: FrameType, callee: str) -> int | None:
+def _source_code(frame: FrameType) -> Any:
+    """The code Dynamo rewrote the frame's code from, or None (not rewritten)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    original = getattr(utils, "orig_code_map", None)
+    return original.get(frame.f_code) if original is not None else None
+
+
+def _foreign_line(frame: FrameType) -> bool:
+    """Whether the frame runs Dynamo's rewritten code on a line that is not the user's:
+    torch 2.6 on CPython 3.12 leaves the lines of the template that re-enters a ``with``
+    block (``torch/_dynamo/resume_execution.py``, lines 148-152) in the rewritten code,
+    so a call made inside ``with torch.no_grad():`` sits on a line of torch's file. The
+    user's lines are those of the code it was rewritten from that carry columns."""
+    source = _source_code(frame)
+    if source is None:
+        return False
+    lines = {
+        position[0]
+        for position in source.co_positions()
+        if position[0] is not None and position[2] is not None
+    }
+    return bool(lines) and frame.f_lineno not in lines
+
+
+def _rewritten_line(frame: FrameType, callee: str | None) -> int | None:
     """The line of the call running in ``frame`` in the code Dynamo rewrote the frame's
     code from (its function's, or a resume function's): the last call before the offset
     where the resume function that follows it resumes; else (no resume function: the
     last call of the code) the last load of the name ``callee``, or the last call."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    original = getattr(utils, "orig_code_map", None)
-    source = original.get(frame.f_code) if original is not None else None
+    source = _source_code(frame)
     if source is None:
         return None
     import dis

@@ -2,7 +2,7 @@
 graph's ``forward`` (``<eval_with_key>.N``) under ``allow_in_graph``, an aot backend, a
 backend returning ``gm.forward`` or ``torch.fx.symbolic_trace``; and a graph break in a
 function whose rewritten code lost its lines (torch 2.6 on CPython 3.12 puts every
-instruction on the ``def`` line)."""
+instruction on the ``def`` line, or inside a ``with`` block on lines of torch's own)."""
 
 from __future__ import annotations
 
@@ -136,3 +136,39 @@ def test_a_graph_called_by_hand_names_the_line_that_calls_it(stages):
     with capture_events() as events, torch.no_grad():
         graph.forward(torch.ones(3), torch.ones(3, requires_grad=True))  # call: by hand
     assert sites(events) == {line_of("call: by hand")}
+
+
+@pytest.mark.parametrize("mode", ["strict", "fix"])
+def test_a_call_inside_no_grad_in_a_compiled_function_names_its_line(stages, mode):
+    """torch 2.6 on CPython 3.12 rewrites a ``with`` block around a graph break from a
+    template of its own: its lines (148-152 of torch's resume_execution.py) stood for the
+    user's, so strict, which runs the stage outside the graph, named line 150 of this file."""
+    autograd_guard.install(
+        {"mode": mode, "rules": [{"target": "fx_stages:stage", "action": "enable_grad"}]}
+    )
+    w = torch.ones(3, requires_grad=True)
+
+    def step(x):
+        with torch.no_grad():
+            y = stages.stage(x, w)  # call: inside no_grad
+        return y * 3
+
+    def resumed(x):
+        with torch.no_grad():
+            torch._dynamo.graph_break()
+            y = stages.stage(x, w)  # call: inside no_grad, in the resume function
+        return y * 3
+
+    for fn, marker in [
+        (step, "call: inside no_grad"),
+        (resumed, "call: inside no_grad, in the resume function"),
+    ]:
+        torch._dynamo.reset()
+        raised = False
+        with capture_events() as events:
+            try:
+                torch.compile(fn, backend="eager")(torch.ones(3))
+            except autograd_guard.GuardError:
+                raised = True
+        assert raised == (mode == "strict")
+        assert sites(events) == {line_of(marker)}
