@@ -178,16 +178,20 @@ def test_the_pytest_plugins_summary_counts_every_test(guard_python, tmp_path):
     assert summary["event"].startswith("summary: 2 interventions at 1 call site")
 
 
-KEEPS_ITS_OWN = """
+KEEPS_ITS_OWN = (
+    """
 import logging, logging.handlers, os
 handler = logging.handlers.MemoryHandler(100, target=logging.FileHandler("log.txt"))
 logging.getLogger("run").addHandler(handler)
 logging.getLogger("run").warning("started")
 metrics = open("metrics.csv", "w")  # written, never closed
-""" + DETACHED.replace('print("done")', 'metrics.write("a,b\\n")\nprint("done")') + """
+"""
+    + DETACHED.replace('print("done")', 'metrics.write("a,b\\n")\nprint("done")')
+    + """
 if os.environ.get("FAIL"):
     raise ValueError("the program's own failure")
 """
+)
 
 
 def test_strict_at_exit_flushes_the_programs_logs_and_files(guard_python, tmp_path):
