@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 # Frames in these folders are never a call site: ours, then wrapt's (added on first use).
-_OWN_DIRS: list[str] = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
+OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_OWN_DIRS: list[str] = [OWN_DIR]
 
 
 def _wrapt_dir() -> str:
@@ -138,7 +139,12 @@ def _traced_line(frame: FrameType, skipped: tuple[str, ...]) -> str | None:
     for path, line in reversed(_TRACE_LINE.findall(trace or "")):
         if not os.path.abspath(path).startswith(skipped):
             return f"{os.path.normpath(path)}:{line}"
-    translator = local.get("self")
+    return translator_line(local.get("self"), skipped)
+
+
+def translator_line(translator: Any, skipped: tuple[str, ...]) -> str | None:
+    """``file:line`` that Dynamo's instruction ``translator`` traces, unless its file is
+    in ``skipped`` (None then, and where it is not a translator)."""
     code, line = getattr(translator, "f_code", None), getattr(translator, "lineno", None)
     filename = getattr(code, "co_filename", "")
     if isinstance(line, int) and line > 0 and filename and not filename.startswith(skipped):

@@ -13,9 +13,9 @@ traces (from functions it runs rather than traces, see ``_compiled``).
 
 from __future__ import annotations
 
-import os
 import sys
 
+from autograd_guard._callsite import OWN_DIR, translator_line
 from autograd_guard._dynamo_frames import skipped
 from autograd_guard.errors import GuardError
 
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
     from autograd_guard._guard import Guard, Target
 
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 AOT_KEEPS_GRAD_MODE = (2, 5)  # AOTAutograd traces a graph's grad-mode changes from here
 
 
@@ -33,6 +32,8 @@ AOT_KEEPS_GRAD_MODE = (2, 5)  # AOTAutograd traces a graph's grad-mode changes f
 def translator() -> Any:
     """Dynamo's instruction translator tracing on this thread, else None."""
     tracing = sys.modules.get("torch._dynamo.symbolic_convert")
+    if tracing is None:
+        return None  # torch.compile has not run in this process
     tls = getattr(tracing, "tls", None)
     if tls is not None:
         return getattr(tls, "current_tx", None)
@@ -83,11 +84,9 @@ def traced_callsite(target: Target) -> str:
     innermost traced frame outside this package), else ``target (compiled)``."""
     current = translator()
     while current is not None:
-        code = getattr(current, "f_code", None)
-        filename = getattr(code, "co_filename", "")
-        line = getattr(current, "lineno", None)
-        if filename and not filename.startswith(_OWN_DIR) and isinstance(line, int):
-            return f"{os.path.normpath(filename)}:{line}"
+        line = translator_line(current, (OWN_DIR,))
+        if line is not None:
+            return line
         current = getattr(current, "parent", None)
     return f"{target} (compiled)"
 

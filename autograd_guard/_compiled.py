@@ -161,7 +161,7 @@ def dynamo_fullgraph() -> bool:
 @skipped  # called by a proxy's methods, which run eagerly in compiled regions
 def dynamo_tracing() -> bool:
     """Whether torch.compile is tracing on this thread right now."""
-    return "torch._dynamo.symbolic_convert" in sys.modules and translator() is not None
+    return translator() is not None
 
 
 def traceable(template: Callable[..., Any], **state: Any) -> Callable[..., Any]:

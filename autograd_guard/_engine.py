@@ -186,12 +186,9 @@ def _exclusive(run: Callable[..., None], *args: Any) -> None:
     traces half-patched targets (Dynamo's internal errors), and none starts before the
     patches are all done or undone. Both are reentrant: install() run by the compiling
     thread itself (a post-import hook inside a compile) goes on."""
-    compile_lock = _dynamo_compile_lock()
-    if compile_lock is None:
-        with STATE.engine_lock:
-            run(*args)
-        return
-    with compile_lock, STATE.engine_lock:
+    import contextlib
+
+    with _dynamo_compile_lock() or contextlib.nullcontext(), STATE.engine_lock:
         run(*args)
 
 

@@ -72,7 +72,7 @@ class GuardedBoundFunction(_CopiedAsItself, wrapt.BoundFunctionWrapper):  # type
             parent, instance = self._self_parent, self._self_instance
             inline = type(parent).__dict__.get(name)
             if inline is not None and self._self_binding == "function":
-                return inline if instance is None else _bound(inline, instance)
+                return inline if instance is None else MethodType(inline, instance)
         return super().__getattribute__(name)
 
     @property
@@ -205,12 +205,6 @@ def _weak(instance: Any) -> Callable[[], Any] | None:
             return None
         restore(callback)
         return lambda: instance
-
-
-def _bound(function: Any, instance: Any) -> Any:
-    import types
-
-    return types.MethodType(function, instance)
 
 
 def guarded_function(original: Any, wrapper: Any, method: bool = False) -> GuardedFunction:
