@@ -75,28 +75,66 @@ def install(name: str) -> Path:
     return folder
 
 
+# "installed": use the environment's own PyTorch3D, compiled extension included (the nox
+# session of PyTorch3D's wheel sets it); unset: the cached copy of its Python code.
+PYTORCH3D_ENV = "AUTOGRAD_GUARD_TEST_PYTORCH3D"
+COMPILED_OPS = ("face_areas_normals_forward", "rasterize_meshes")  # what the stand-in lacks
+
+
 def import_pytorch3d() -> types.ModuleType:
-    """Import the real PyTorch3D Python code with a stand-in for its compiled extension.
+    """Import the real PyTorch3D: the environment's own, compiled ``pytorch3d._C`` and all,
+    where ``AUTOGRAD_GUARD_TEST_PYTORCH3D=installed`` (an ImportError there if it is
+    missing or does not load), else its Python code with a stand-in for the extension.
 
     Stand-in: ``pytorch3d._C`` is the C++/CUDA extension, which cannot be built here;
     ``taubin_smoothing``, ``Meshes`` and ``ico_sphere`` only read these constants from it.
+    It is an attribute of the package, never in ``sys.modules``, so that
+    ``pytest.importorskip("pytorch3d._C")`` skips where only the stand-in is there (each
+    PyTorch3D module reads it with ``from pytorch3d import _C``).
     """
+    if os.environ.get(PYTORCH3D_ENV) == "installed":
+        return _import_installed_pytorch3d()
     folder = str(install("pytorch3d"))
     if folder not in sys.path:
         sys.path.insert(0, folder)
-    if "pytorch3d._C" not in sys.modules:
-        stand_in = types.ModuleType("pytorch3d._C")
-        stand_in.MAX_INT = 2147483647  # type: ignore[attr-defined]
-        stand_in.MAX_UINT = 4294967295  # type: ignore[attr-defined]
-        stand_in.MAX_USHORT = 65535  # type: ignore[attr-defined]
-        stand_in.EPS = 1e-6  # type: ignore[attr-defined]
-        sys.modules["pytorch3d._C"] = stand_in
     import warnings
 
     warnings.filterwarnings("ignore", message="Sparse invariant checks")
     import pytorch3d
 
+    if getattr(pytorch3d, "_C", None) is None:
+        stand_in = types.ModuleType("pytorch3d._C")
+        stand_in.MAX_INT = 2147483647  # type: ignore[attr-defined]
+        stand_in.MAX_UINT = 4294967295  # type: ignore[attr-defined]
+        stand_in.MAX_USHORT = 65535  # type: ignore[attr-defined]
+        stand_in.EPS = 1e-6  # type: ignore[attr-defined]
+        pytorch3d._C = stand_in  # type: ignore[attr-defined]
     return pytorch3d
+
+
+def _import_installed_pytorch3d() -> types.ModuleType:
+    import importlib
+
+    try:
+        compiled = importlib.import_module("pytorch3d._C")
+    except ImportError as exc:
+        raise ImportError(
+            f"{PYTORCH3D_ENV}=installed, but PyTorch3D's compiled pytorch3d._C does not "
+            f"load in {sys.executable}: {exc} (easypytorch3d 0.7.9.post1's wheel loads with "
+            "torch 2.11 and 2.12 only)"
+        ) from exc
+    missing = [name for name in COMPILED_OPS if not hasattr(compiled, name)]
+    if missing:
+        raise ImportError(f"pytorch3d._C ({compiled.__file__}) lacks {', '.join(missing)}")
+    import pytorch3d
+
+    return pytorch3d
+
+
+def compiled_pytorch3d() -> bool:
+    """The real compiled ``pytorch3d._C`` is loaded (not the stand-in)."""
+    compiled = getattr(sys.modules.get("pytorch3d"), "_C", None)
+    return all(hasattr(compiled, name) for name in COMPILED_OPS)
 
 
 if __name__ == "__main__":
