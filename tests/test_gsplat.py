@@ -4,6 +4,7 @@ stand-ins for its CUDA kernel wrappers only (see gsplat_standins.py)."""
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import gsplat
 import gsplat.rendering
@@ -268,3 +269,49 @@ def test_the_kept_gradient_is_the_one_the_users_hooks_made(guard):
     retained = means2d_grad(retain=True)
     assert torch.equal(kept, retained) and kept.abs().sum() > 0
     assert [e["action"] for e in events] == ["retain_grad"]
+
+
+def warnings_of(work):
+    """Every warning ``work()`` emits, each one (no once-per-location filtering)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        work()
+    return [(w.category, str(w.message), w.filename, w.lineno) for w in caught]
+
+
+def render_and_backward_twice():
+    image, _, _meta = render()  # meta["means2d"] alive in backward(), as in user code
+    loss = loss_of(image)
+    loss.backward(retain_graph=True)
+    loss.backward()
+
+
+@pytest.mark.parametrize("mode", ["fix", "observe"])
+def test_the_guard_adds_no_warning(mode):
+    # torch warns when .grad of a non-leaf that does not retain it is read: the guard's
+    # fix read meta["means2d"].grad before it kept the gradient there.
+    unguarded = warnings_of(render_and_backward_twice)
+    autograd_guard.install({"extends": "default", "mode": mode})
+    with capture_events() as events:
+        assert warnings_of(render_and_backward_twice) == unguarded
+    assert [e["action"] for e in events] == ["retain_grad"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        render_and_backward_twice()
+        if mode == "fix":  # unguarded, gsplat's strategy reads the lost .grad (and fails)
+            assert fit(3, retain=False)["grad2d"].sum() > 0
+
+
+def test_strict_adds_no_warning_to_its_error():
+    autograd_guard.install("strict")
+    with pytest.raises(autograd_guard.GuardError), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        render_and_backward_twice()
+
+
+def test_the_kept_gradient_reads_silently_as_retain_grads_does(guard):
+    image, _, meta = render()
+    loss_of(image).backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert meta["means2d"].grad is not None and meta["means2d"].retains_grad

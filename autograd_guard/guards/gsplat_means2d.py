@@ -15,8 +15,10 @@ Remedy: a pre-hook on the autograd node that made ``meta["means2d"]`` decides in
 Where the gradient would be lost, ``fix`` keeps it in ``.grad`` exactly as
 ``retain_grad()`` would: the node's pre-hooks run after the tensor's own hooks, so a
 user's hook that scales the gradient is applied first (with ``absgrad=True`` gsplat's
-backward sets ``.absgrad`` itself); ``observe`` logs, ``strict`` raises from
-``backward()``.
+backward sets ``.absgrad`` itself), and calls ``retain_grad()`` for the later passes (so
+``retains_grad`` reads True after the first ``backward()``); it never reads ``.grad`` of a
+tensor that does not retain it, which is torch's UserWarning about a non-leaf ``.grad``.
+``observe`` logs, ``strict`` raises from ``backward()``.
 """
 
 from __future__ import annotations
@@ -87,12 +89,17 @@ class GsplatMeans2d(Guard):
             target="gsplat.rendering:rasterization",
             shape=list(means2d.shape),
         ):
+            # From now on torch's own retain_grad() hook keeps it (it runs before the
+            # tensor's node, so only this pass needs the copy below). Set first, so that
+            # reading ``.grad`` is not torch's "non-leaf .grad" UserWarning: the guard's
+            # own warning, one the unguarded program never sees.
+            means2d.retain_grad()
             _retain(means2d, grad)
 
 
 def _retain(tensor: Any, grad: Any) -> None:
     """What retain_grad()'s hook does: a contiguous copy of the first gradient, then the
-    sum of them."""
+    sum of them (``tensor`` retains its gradient already: reading ``.grad`` is silent)."""
     if tensor.grad is not None:
         tensor.grad = tensor.grad + grad
     elif grad.is_sparse:
