@@ -1,0 +1,173 @@
+"""Guard ``pytorch3d_euler_gimbal``: ``matrix_to_euler_angles`` has a NaN gradient at
+gimbal lock.
+
+Symptom: ``pytorch3d.transforms.matrix_to_euler_angles`` takes the middle angle as
+``asin`` of one matrix entry (Tait-Bryan conventions such as ``"XYZ"``) or ``acos`` of a
+diagonal entry (proper Euler conventions such as ``"ZYZ"``). At a 90-degree middle angle
+(Tait-Bryan; in float32 every angle within about 2e-4 rad of it) or at a zero one
+(proper Euler, which includes the identity rotation) that entry is exactly +-1: the
+forward is finite (0.7.9 clamps the entry into [-1, 1]), but the derivative of
+``asin``/``acos`` there is infinite, and the backward pass gives ``AsinBackward0`` /
+``AcosBackward0`` an ``inf`` that meets a zero (the entry is at its maximum over the
+rotations) and becomes NaN. One such rotation in a batch makes the whole gradient
+non-finite: ``grad_health`` then skips every step and the pose never moves; without it
+the optimizer writes NaN into the weights. ``euler_angles_to_matrix`` (sin and cos) has
+finite gradients everywhere and needs no guard.
+Affected: every PyTorch3D version (0.7.9 and main clamp the forward only; before 0.7.9 an
+entry rounded past +-1 also made the forward NaN).
+Upstream: facebookresearch/pytorch3d#473 (singularities), #1988 / #1989 (the clamp).
+Remedy: the same computation with the middle angle's ``asin``/``acos`` given a finite
+derivative: the forward is bit-identical (the library's own ops, in the same order,
+clamp included); the backward is torch's own formula wherever that is finite, and at an
+entry of exactly +-1 the derivative at the nearest representable entry inside the
+interval (``1/sqrt(eps)``: 2896 in float32) instead of ``inf``. The step then goes ahead
+for the other angles, rotations and parameters; at the lock itself the middle angle's
+own gradient is zero, as its one-sided derivative through a rotation is.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from autograd_guard.guard import Call, Guard, Target
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+MODULE = "pytorch3d.transforms.rotation_conversions"
+
+
+class PyTorch3DEulerGimbal(Guard):
+    name = "pytorch3d_euler_gimbal"
+    distribution = ("pytorch3d", "easypytorch3d")
+    affected = ""  # every version: the backward is unchanged at HEAD
+    symptom = "matrix_to_euler_angles gives a NaN gradient at gimbal lock (asin/acos of +-1)"
+    upstream = "https://github.com/facebookresearch/pytorch3d/issues/473"
+    remedy = (
+        "the guard's fix mode gives asin/acos a finite derivative at +-1 with the same forward; "
+        "or compare rotations (matrices, quaternions) instead of Euler angles"
+    )
+    targets = (
+        Target(
+            MODULE,
+            "matrix_to_euler_angles",
+            aliases=("pytorch3d.transforms:matrix_to_euler_angles",),
+        ),
+    )
+
+    def risky(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        matrix = kwargs.get("matrix", args[0] if args else None)
+        torch = sys.modules["torch"]
+        return (
+            isinstance(matrix, torch.Tensor)
+            and matrix.requires_grad
+            and torch.is_grad_enabled()
+            and matrix.is_floating_point()
+        )
+
+    def handle(self, call: Call) -> Any:
+        matrix = call.argument("matrix", 0)
+        convention = call.argument("convention", 1)
+        middle = _middle_entry(matrix, convention)
+        at_lock = 0 if middle is None else int((middle.abs() >= 1.0).sum())  # one sync
+        if not at_lock:
+            return call.proceed()
+        if not self.report(
+            call,
+            "finite_gradient",
+            f"matrix_to_euler_angles({convention!r}) at gimbal lock: the middle angle's "
+            f"{'asin' if convention[0] != convention[2] else 'acos'} gets a finite "
+            "derivative instead of inf (its gradient was NaN)",
+            convention=convention,
+            rotations_at_lock=at_lock,
+            rotations=int(middle.numel()),
+            dtype=str(matrix.dtype),
+        ):
+            return call.proceed()
+        return matrix_to_euler_angles(matrix, convention)
+
+
+def _middle_entry(matrix: Any, convention: Any) -> Any:
+    """The matrix entry whose asin/acos is the middle angle; None where the library would
+    refuse the arguments (it then raises its own error)."""
+    axes = "XYZ"
+    if (
+        not isinstance(convention, str)
+        or len(convention) != 3
+        or any(letter not in axes for letter in convention)
+        or convention[1] in (convention[0], convention[2])
+        or matrix.dim() < 2
+        or tuple(matrix.shape[-2:]) != (3, 3)
+    ):
+        return None
+    i0, i2 = axes.index(convention[0]), axes.index(convention[2])
+    return matrix[..., i0, i2].detach()
+
+
+def matrix_to_euler_angles(matrix: Any, convention: str) -> Any:
+    """``pytorch3d.transforms.matrix_to_euler_angles`` with a finite derivative of the
+    middle angle at +-1; the forward is the library's, op for op."""
+    import torch
+
+    rotation_conversions = sys.modules.get(MODULE) or __import__(MODULE, fromlist=["_"])
+    angle_from_tan = rotation_conversions._angle_from_tan
+    i0 = rotation_conversions._index_from_letter(convention[0])
+    i2 = rotation_conversions._index_from_letter(convention[2])
+    tait_bryan = i0 != i2
+    if tait_bryan:
+        entry = torch.clamp(matrix[..., i0, i2], -1.0, 1.0) * (-1.0 if i0 - i2 in [-1, 2] else 1.0)
+        central_angle = _FiniteAsin.apply(entry)
+    else:
+        central_angle = _FiniteAcos.apply(torch.clamp(matrix[..., i0, i0], -1.0, 1.0))
+    first = angle_from_tan(convention[0], convention[1], matrix[..., i2], False, tait_bryan)
+    third = angle_from_tan(convention[2], convention[1], matrix[..., i0, :], True, tait_bryan)
+    return torch.stack((first, central_angle, third), -1)
+
+
+def _bounded_rsqrt(x: Any) -> Any:
+    """``1 / sqrt(1 - x*x)`` as torch's asin/acos backward computes it, with ``1 - x*x``
+    kept at least ``eps`` of the dtype (the value at the nearest entry inside (-1, 1))."""
+    import torch
+
+    one_minus = -x * x + 1
+    return one_minus.clamp_min(torch.finfo(x.dtype).eps).rsqrt()
+
+
+def _finite_function(name: str, sign: float) -> type:
+    import torch
+
+    forward_op = getattr(torch, name)
+
+    class Finite(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            ctx.save_for_backward(x)
+            return forward_op(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            (x,) = ctx.saved_tensors
+            return grad * _bounded_rsqrt(x) * sign
+
+    Finite.__name__ = Finite.__qualname__ = f"Finite{name.capitalize()}"
+    return Finite
+
+
+class _Lazy:
+    """The autograd functions, made on first use (importing this module imports no torch)."""
+
+    def __init__(self, name: str, sign: float) -> None:
+        self.name, self.sign = name, sign
+        self.function: type | None = None
+
+    def apply(self, x: Any) -> Any:
+        if self.function is None:
+            self.function = _finite_function(self.name, self.sign)
+        return self.function.apply(x)  # type: ignore[attr-defined]
+
+
+_FiniteAsin = _Lazy("asin", 1.0)
+_FiniteAcos = _Lazy("acos", -1.0)
+
+GUARD = PyTorch3DEulerGimbal
