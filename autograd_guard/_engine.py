@@ -6,13 +6,11 @@ import os
 import sys
 
 from autograd_guard import (
-    _environment,
     _events,
     _guard_contract,
     _importer,
     _patching,
     _policy,
-    _policy_files,
     _released,
     _versions,
 )
@@ -203,61 +201,15 @@ def _dynamo_compile_lock() -> Any:
 
 
 def install_from_environment(environ: Mapping[str, str] | None = None) -> None:
-    """The auto-load: install, and on an invalid policy run unguarded (strict: stop at the
-    import of torch)."""
+    """The auto-load: install; a policy it cannot use stops the process where strict was
+    asked for, else the program runs unguarded (see ``_policy_failure``)."""
     environ = os.environ if environ is None else environ
     try:
         install(None)
     except PolicyError as exc:
-        STATE.error = str(exc)
-        if declared_mode(environ) == "strict":
-            _stop_at_torch_import(exc)
-            return
-        _events.configure(_environment.log(environ))
-        _events.emit(
-            "invalid policy; running unguarded",
-            guard="autograd_guard",
-            action="disabled",
-            callsite=exc.source,
-            level="error",
-            error=str(exc),
-            remedy="Run 'autograd-guard check' and fix the key it names.",
-        )
+        from autograd_guard import _policy_failure
 
-
-STOP_MODULE = "torch"
-
-
-def _stop_at_torch_import(error: PolicyError) -> None:
-    """Strict with an invalid policy: stop the programs the guard exists for, and only those.
-
-    Raising here, inside ``site``, would kill every interpreter in the environment (pip,
-    ``autograd-guard check`` itself) with "Fatal Python error: init_import_site". A
-    program that imports torch stops at that import instead, with one line and exit 1.
-    """
-    from autograd_guard._sinks import printable  # the file's path may hold any character
-
-    line = printable(f"autograd-guard: invalid policy in strict mode: {error}")
-    sys.stderr.write(f"{line}; a program that imports torch stops there\n")
-
-    def stop(_: ModuleType) -> None:
-        raise SystemExit(line)
-
-    _importer.when_imported(STOP_MODULE, stop)
-
-
-def declared_mode(environ: Mapping[str, str]) -> str | None:
-    """Best guess at the intended mode when the policy itself could not be loaded."""
-    override = _environment.mode_override(environ)
-    if override is not None:
-        return override
-    if _environment.policy_name(environ) == "strict":
-        return "strict"
-    try:
-        mode = _policy_files.discover(environ, os.getcwd()).read().get("mode")
-        return mode if isinstance(mode, str) else None
-    except Exception:
-        return None
+        _policy_failure.unusable(exc, environ)
 
 
 def status() -> dict[str, Any]:

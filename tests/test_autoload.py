@@ -120,38 +120,68 @@ def test_invalid_policy_runs_unguarded_with_a_clear_error(guard_python, project)
     assert "allowed: 'off', 'observe', 'fix', 'strict'" in result.stderr
 
 
-def test_invalid_policy_in_strict_stops_only_programs_that_import_torch(guard_python, project):
+def test_invalid_policy_in_strict_stops_every_program_at_start(guard_python, project):
+    """SystemExit raised in a .pth line is "Fatal Python error: init_import_site" with a
+    traceback: the stop must be clean, before any line of the program, in any process
+    but the autograd-guard command (whose check is how the policy gets fixed)."""
     policy = project / "autograd_guard.toml"
     policy.write_text('mode = "strict"\nspeed = 3\n')
-    plain = run_python(guard_python, "print('ran')", project, AUTOGRAD_GUARD="1")
-    assert plain.stdout == "ran\n"
-    assert len(plain.stderr.splitlines()) == 1 and "speed: unknown key" in plain.stderr
-
-    def module(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(guard_python), "-m", *argv],
-            env=wheelenv.clean_environ(AUTOGRAD_GUARD="1"),
-            cwd=project,
-            capture_output=True,
-            text=True,
-        )
-
-    pip = module("pip", "--version")
-    assert pip.returncode == 0 and "pip" in pip.stdout
-    check = module("autograd_guard.cli", "check")
-    assert check.returncode == 1 and "speed: unknown key" in check.stderr
-    torch_user = run_python(
-        guard_python,
-        "print('before')\nimport torch\nprint('ran')",
-        project,
-        check=False,
-        AUTOGRAD_GUARD="1",
+    code = "print('ran')\nimport torch"
+    plain = run_python(guard_python, code, project, check=False, AUTOGRAD_GUARD="1")
+    assert (plain.returncode, plain.stdout) == (2, "")
+    assert plain.stderr.splitlines() == [
+        f"autograd-guard: invalid policy in strict mode (mode = 'strict' in {policy}): stopped "
+        "before the program ran, exit status 2 (1 problem to fix; or unset AUTOGRAD_GUARD):",
+        f"  {policy}: speed: unknown key (allowed: extends, mode, log, disable, guards, rules)",
+    ]
+    check = subprocess.run(
+        [str(guard_python), "-m", "autograd_guard.cli", "check"],
+        env=wheelenv.clean_environ(AUTOGRAD_GUARD="1"),
+        cwd=project,
+        capture_output=True,
+        text=True,
     )
-    assert torch_user.returncode == 1 and torch_user.stdout == "before\n"
-    lines = torch_user.stderr.splitlines()
-    assert "Traceback" not in torch_user.stderr and "Fatal" not in torch_user.stderr
-    assert lines[-1].startswith("autograd-guard: invalid policy in strict mode: ")
-    assert f"{policy}: speed: unknown key (allowed: extends" in lines[-1]
+    assert check.returncode == 1 and check.stderr.splitlines() == [
+        f"invalid policy: {policy}: speed: unknown key (allowed: extends, mode, log, disable, "
+        "guards, rules)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("policy", "env", "asked"),
+    [
+        (None, {"AUTOGRAD_GUARD": "stirct"}, "AUTOGRAD_GUARD=stirct"),
+        ('mode = "strcit"\n', {"AUTOGRAD_GUARD": "1"}, "mode = 'strcit' in "),
+        (None, {"AUTOGRAD_GUARD": "1", "AUTOGRAD_GUARD_POLICY": "strcit"}, "POLICY=strcit"),
+        ("mode = 'strict'\nx = [" * 3000 + "\n", {"AUTOGRAD_GUARD": "on"}, "on line 1 of"),
+    ],
+)
+def test_a_near_miss_of_strict_stops_too(guard_python, project, policy, env, asked):
+    """The message's own did-you-mean said strict: the run must not go on unguarded."""
+    if policy is not None:
+        (project / "autograd_guard.toml").write_text(policy)
+    result = run_python(guard_python, CALL_STAGE, project, check=False, **env)
+    assert (result.returncode, result.stdout) == (2, "")
+    headline, *problems = result.stderr.splitlines()
+    assert headline.startswith("autograd-guard: invalid policy in strict mode (") and asked in (
+        headline
+    )
+    assert problems and all(line.startswith("  ") for line in problems)
+    assert "Traceback" not in result.stderr and "Fatal" not in result.stderr
+
+
+def test_invalid_policy_not_in_strict_says_it_once_and_runs(guard_python, project):
+    (project / "autograd_guard.toml").write_text('mode = "loud"\nspeed = 3\n')
+    result = run_python(guard_python, CALL_STAGE, project, AUTOGRAD_GUARD="1")
+    assert "failed: element 0" in result.stdout
+    assert result.stderr.splitlines() == [
+        "autograd-guard: invalid policy; running unguarded (2 problems to fix; "
+        "'autograd-guard check' lists them):",
+        f"  {project / 'autograd_guard.toml'}: speed: unknown key (allowed: extends, mode, log, "
+        "disable, guards, rules)",
+        f"  {project / 'autograd_guard.toml'}: mode: invalid value 'loud' (allowed: 'off', "
+        "'observe', 'fix', 'strict')",
+    ]
 
 
 def test_uninstall_restores_the_original(guard_python, project):
