@@ -23,6 +23,7 @@ BUILTIN = (
     "grad_mode",
     "snapshot_inputs",
     "pytorch3d_taubin",
+    "pytorch3d_point_radius",
     "pytorch3d_euler_gimbal",
     "warp_torch_args",
     "gsplat_means2d",
