@@ -25,6 +25,7 @@ BUILTIN = (
     "pytorch3d_taubin",
     "pytorch3d_point_radius",
     "pytorch3d_euler_gimbal",
+    "pytorch3d_face_normals",
     "warp_torch_args",
     "gsplat_means2d",
     "ipex_xpu",
