@@ -21,8 +21,13 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from typing import Any
 
 import nox
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / ".nox" / "results"
@@ -42,6 +47,20 @@ CELLS: dict[str, tuple[str, str, dict[str, str]]] = {
     "py3.13-torch2.9.1": ("3.13", "2.9.1", {"numpy": "2.3.5"}),
     "py3.11-torch2.13.0": ("3.11", "2.13.0", {}),  # the pinned cell: constraints.txt as is
     "py3.13-torch2.15.0": ("3.13", "2.15.0", {}),  # the newest release the index serves
+}
+# Cells of a library's compiled code: cell name -> (Python, torch, pins, what to install,
+# the tests to run, their environment). easypytorch3d 0.7.9.post1's cp311 wheel carries
+# PyTorch3D's compiled pytorch3d._C, which loads with torch 2.11 and 2.12 only; its tests
+# run against it, and a missing _C or a skipped test of theirs fails the cell (conftest.py).
+LIBRARY_CELLS: dict[str, tuple[str, str, dict[str, str], list[str], list[str], dict[str, str]]] = {
+    "py3.11-torch2.12.0-pytorch3d": (
+        "3.11",
+        "2.12.0",
+        {"easypytorch3d": "0.7.9.post1"},
+        ["easypytorch3d"],
+        sorted(str(path.relative_to(ROOT)) for path in ROOT.glob("tests/test_pytorch3d*.py")),
+        {"AUTOGRAD_GUARD_TEST_PYTORCH3D": "installed"},
+    ),
 }
 
 
@@ -70,7 +89,15 @@ def cell_constraints(session: nox.Session, torch: str, pins: dict[str, str]) -> 
     return path
 
 
-def run_cell(session: nox.Session, name: str, torch: str, pins: dict[str, str]) -> None:
+def run_cell(
+    session: nox.Session,
+    name: str,
+    torch: str,
+    pins: dict[str, str],
+    libraries: Sequence[str] = (),
+    tests: Sequence[str] = (),
+    test_env: Mapping[str, str] | None = None,
+) -> None:
     constraints = cell_constraints(session, torch, pins)
     # Replaces any machine-wide pip constraint (a cap below the cell's torch) with the cell's.
     env = {"PIP_CONSTRAINT": str(constraints)}
@@ -83,27 +110,29 @@ def run_cell(session: nox.Session, name: str, torch: str, pins: dict[str, str]) 
     )  # fmt: skip
     wheel = next(dist.glob("autograd_guard-*.whl"))
     session.install("--force-reinstall", "--no-deps", str(wheel), env=env)
-    session.install(f"{wheel}[test]", env=env)
+    session.install(f"{wheel}[test]", *libraries, env=env)
     RESULTS.mkdir(parents=True, exist_ok=True)
     session.run(
         "pytest",
         f"--junitxml={RESULTS / name}.xml",
         "-o", f"junit_suite_name={name}",
-        *session.posargs,
-        env={"AUTOGRAD_GUARD_TEST_INSTALLED": "1"},
+        *(session.posargs or tests),
+        env={"AUTOGRAD_GUARD_TEST_INSTALLED": "1", **(test_env or {})},
     )  # fmt: skip
 
 
-def _define(name: str, python: str, torch: str, pins: dict[str, str]) -> None:
+def _define(name: str, python: str, *cell_args: Any) -> None:
     @nox.session(name=name, python=interpreter(python))
     def cell(session: nox.Session) -> None:
-        run_cell(session, name, torch, pins)
+        run_cell(session, name, *cell_args)
 
     nox.options.sessions.append(name)
 
 
-for _name, (_python, _torch, _pins) in CELLS.items():
-    _define(_name, _python, _torch, _pins)
+for _name, (_python, *_cell) in CELLS.items():
+    _define(_name, _python, *_cell)
+for _name, (_python, *_cell) in LIBRARY_CELLS.items():
+    _define(_name, _python, *_cell)
 
 
 @nox.session(python=False)
@@ -123,10 +152,15 @@ nox.options.sessions.append("table")
 
 def matrix_table() -> str:
     rows = ["| cell (Python + torch) | passed | failed | skipped |", "|---|---|---|---|"]
-    for name, (python, torch, _) in CELLS.items():
+    cells = [(name, f"{python} + {torch}") for name, (python, torch, _) in CELLS.items()]
+    cells += [
+        (name, f"{python} + {torch} + {' '.join(f'{k} {v}' for k, v in pins.items())} (its tests)")
+        for name, (python, torch, pins, *_) in LIBRARY_CELLS.items()
+    ]
+    for name, label in cells:
         path = RESULTS / f"{name}.xml"
         if not path.exists():
-            rows.append(f"| {python} + {torch} | not run | | |")
+            rows.append(f"| {label} | not run | | |")
             continue
         suite = ElementTree.parse(path).getroot()
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
@@ -134,7 +168,7 @@ def matrix_table() -> str:
         total, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
         failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
         passed = total - skipped - failed
-        rows.append(f"| {python} + {torch} | {passed} | {failed} | {skipped} |")
+        rows.append(f"| {label} | {passed} | {failed} | {skipped} |")
     return "\n".join(rows)
 
 
