@@ -52,7 +52,7 @@ def test_the_wheel_is_typed_and_says_what_it_supports(wheel):
     torch_range = f"torch<{major}.{int(minor) + 1},>={low_torch}; extra == 'torch'"
     assert torch_range in metadata.get_all("Requires-Dist")
     urls = dict(u.split(", ", 1) for u in metadata.get_all("Project-URL"))
-    assert set(urls) == {"Homepage", "Source", "Issues", "Changelog"}
+    assert set(urls) == {"Homepage", "Source", "Issues", "Documentation", "Changelog"}
     assert all(
         u.startswith("https://github.com/autograd-guard/autograd-guard") for u in urls.values()
     )

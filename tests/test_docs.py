@@ -1,0 +1,117 @@
+"""The docs site builds with ``mkdocs build --strict`` (a broken link, anchor or page fails),
+its generated pages follow the code, and every snippet and command in the README and the
+docs runs or names what exists."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from importlib.util import find_spec
+
+import pytest
+from helpers import ROOT
+
+from autograd_guard import _environment, _policy_schema, cli
+from autograd_guard.guards import builtin
+
+pytest.importorskip("mkdocs", reason="the docs need the test extra's mkdocs")
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+TEXTS = [ROOT / "README.md", *PAGES]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    return out
+
+
+def _text(page) -> str:
+    return " ".join(re.sub(r"<[^>]+>", "", page.read_text(encoding="utf-8")).split())
+
+
+def test_every_guard_has_a_page_generated_from_its_module(site):
+    for guard in builtin():
+        page = _text(site / "guards" / guard.name / "index.html")
+        assert guard.name in page and f"Generated from {guard.__module__}" in page
+        for option in guard.options:
+            assert option in page
+    index = _text(site / "guards" / "index.html")
+    assert all(guard.name in index for guard in builtin())
+
+
+def test_the_configuration_page_lists_every_key_and_variable(site):
+    page = _text(site / "configuration" / "index.html")
+    keys = (*_policy_schema.TOP_LEVEL_KEYS, *_policy_schema.GUARD_KEYS, *_environment.VARIABLES)
+    assert all(key in page for key in keys)
+    assert "generated:" not in page  # every marker was filled
+
+
+def test_the_changelog_and_matrix_are_included(site):
+    assert "Unreleased" in _text(site / "changelog" / "index.html")
+    assert "3.10 + 2.1.2" in _text(site / "contributing" / "index.html")
+
+
+def test_a_guard_that_fails_to_import_fails_the_build(monkeypatch):
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import hooks
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    import autograd_guard.guards as guards
+
+    monkeypatch.setattr(guards, "BUILTIN", (*guards.BUILTIN, "no_such_guard"))
+    with pytest.raises(ModuleNotFoundError, match="no_such_guard"):
+        hooks.on_config({"nav": [{"Guards": []}]})
+
+
+@pytest.mark.parametrize("path", TEXTS, ids=lambda p: p.name)
+def test_python_snippets_run(path):
+    for language, code in FENCE.findall(path.read_text(encoding="utf-8")):
+        if language == "python":
+            exec(compile(code, str(path), "exec"), {})
+
+
+def _commands(path) -> list[tuple[object, list[str]]]:
+    """(working folder, words) of each command in the ``sh`` blocks; a ``cd`` holds for the
+    rest of its line."""
+    found = []
+    for language, body in FENCE.findall(path.read_text(encoding="utf-8")):
+        if language != "sh":
+            continue
+        for line in body.splitlines():
+            folder = ROOT
+            for command in re.split(r"&&|\(|\)", line.split("  #")[0]):
+                words = [w for w in shlex.split(command) if "=" not in w or w[0] == "-"]
+                if words[:1] == ["cd"]:
+                    folder = folder / words[1]
+                    assert folder.is_dir(), line
+                elif words:
+                    found.append((folder, words))
+    return found
+
+
+@pytest.mark.parametrize("path", TEXTS, ids=lambda p: p.name)
+def test_commands_name_what_exists(path):
+    commands = _commands(path)
+    assert commands or path.name not in ("README.md", "getting-started.md")
+    for folder, (program, *rest) in commands:
+        if program == "python" and rest[:1] == ["-m"]:
+            assert find_spec(rest[1]) is not None, rest
+        elif program == "python":
+            assert (folder / rest[0]).is_file(), rest
+        elif program == "autograd-guard":
+            assert rest[0] in cli.COMMANDS or rest[0].startswith("-"), rest
+        else:
+            assert program in ("rm", "mkdocs", "nox"), program
