@@ -127,6 +127,18 @@ def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:
         (FakeMeshes(),),
     )
 
+    def mesh_face_areas_normals(verts: Any, faces: Any) -> Any:
+        return verts, faces
+
+    faces = torch.zeros(4, 3, dtype=torch.int64)
+    add(
+        "pytorch3d_face_normals, vertices without grad",
+        guard_for("pytorch3d_face_normals"),
+        Target("pytorch3d.ops.mesh_face_areas_normals", "mesh_face_areas_normals"),
+        mesh_face_areas_normals,
+        (torch.ones(4, 3), faces),
+    )
+
     def launch(
         kernel: Any,
         dim: Any,
