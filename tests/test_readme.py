@@ -1,10 +1,12 @@
-"""The README's examples run, and its claims about start-up and the variables hold
-(issue 21)."""
+"""The README's examples run and show what the program really prints; the claims the docs
+make about start-up and the variables hold (issue 21). The docs' own snippets and commands:
+tests/test_docs.py."""
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
 import sys
 
 import pytest
@@ -13,7 +15,7 @@ from helpers import ROOT, run_python
 
 import autograd_guard
 from autograd_guard import cli
-from autograd_guard.guards import ENTRY_POINT_GROUP, builtin
+from autograd_guard.guards import ENTRY_POINT_GROUP
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -21,20 +23,39 @@ else:  # Python 3.10
     import tomli as tomllib
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, flags=re.DOTALL | re.MULTILINE)
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
 
 
-def block(language: str, containing: str) -> str:
-    [found] = [text for lang, text in BLOCKS if lang == language and containing in text]
+def blocks(text: str) -> list[tuple[str, str]]:
+    return FENCE.findall(text)
+
+
+def block(text: str, language: str, containing: str) -> str:
+    [found] = [body for lang, body in blocks(text) if lang == language and containing in body]
     return found
 
 
-def test_the_first_block_installs_from_the_checkout():
-    first = BLOCKS[0][1]
+def doc(name: str) -> str:
+    return (ROOT / "docs" / name).read_text(encoding="utf-8")
+
+
+def test_the_readme_is_short_and_installs_from_the_checkout():
+    assert len(README.splitlines()) <= 150
+    first = blocks(README)[0][1]
     assert "pip install autograd-guard" not in README  # not on PyPI
     assert first.startswith("python -m pip install .  ")
     wheel = "python -m pip install dist/autograd_guard-{}-py3-none-any.whl"
     assert wheel.format(autograd_guard.__version__) in README
+
+
+def test_the_two_commands_run_in_one_shell_in_order_and_ci_runs_the_second():
+    section = README.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    main_job, tests = block(section, "sh", "pip install").strip().splitlines()
+    assert main_job.endswith("&& (cd examples && AUTOGRAD_GUARD=1 python unique3d_app.py)")
+    assert "constraints.txt" in tests  # found: the first command's cd stayed in its subshell
+    assert re.sub(r"\([^)]*\)", "", main_job).count("cd ") == 0
+    assert (ROOT / "examples" / "unique3d_app.py").is_file()
+    assert tests in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
 STAGES = """
@@ -54,12 +75,19 @@ def my_pipeline(make_module):
     make_module("my_pipeline.kernels", "def splat(x, out):\n    out.copy_(x)\n")
 
 
-def test_the_policy_example_checks_clean_and_guards_the_stand_in(my_pipeline, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("text", "rules"),
+    [(README, "1"), (doc("configuration.md"), r"\d+"), (doc("getting-started.md"), "1")],
+)
+def test_the_policy_examples_check_clean_and_guard_the_stand_in(
+    text, rules, my_pipeline, tmp_path, capsys
+):
     policy = tmp_path / "autograd_guard.toml"
-    policy.write_text(block("toml", "[[rules]]"))
+    policy.write_text(block(text, "toml", "[[rules]]"))
     assert cli.main(["check"]) == 0
     captured = capsys.readouterr()
-    assert captured.err == "" and f"ok: {policy} (mode fix, 4 rules)" in captured.out
+    assert captured.err == ""
+    assert re.search(rf"ok: {re.escape(str(policy))} \(mode fix, {rules} rules?\)", captured.out)
     autograd_guard.install()
     from my_pipeline.stages import Fitter
 
@@ -67,29 +95,54 @@ def test_the_policy_example_checks_clean_and_guards_the_stand_in(my_pipeline, tm
         assert Fitter().run().tolist() == [-2.0, -2.0]
 
 
-def test_the_python_api_example_runs():
-    exec(compile(block("python", "autograd_guard.install"), "README.md", "exec"), {})
+def _shown_output(text: str, script: str) -> str:
+    command = f"AUTOGRAD_GUARD=1 python examples/{script}\n"
+    return text.split(command, 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+
+
+def _events(output: str) -> list[tuple[str, str]]:
+    """(guard/action, call site) of each event line, paths relative to the checkout."""
+    output = output.replace(f"{ROOT}/", "")
+    return re.findall(
+        r"^autograd-guard \w+: \[([\w/]+)\] .*?(?: at (\S+:\d+) \|.*)?$", output, re.M
+    )
+
+
+@pytest.mark.parametrize("script", ["nan_gradient.py", "detached_layer.py"])
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_the_quick_start_shows_what_the_examples_print(page, script, tmp_path):
+    shown = _shown_output((ROOT / page).read_text(encoding="utf-8"), script)
+    run = subprocess.run(
+        [sys.executable, f"examples/{script}"],
+        cwd=ROOT,
+        env={**_child_environ(tmp_path), "AUTOGRAD_GUARD": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert _events(run.stderr) == _events(shown) != []
+    printed = [line for line in shown.splitlines() if not line.startswith("autograd-guard")]
+    assert run.stdout.splitlines() == printed
+
+
+def _child_environ(tmp_path):
+    from wheelenv import clean_environ
+
+    return {**clean_environ(), "XDG_CACHE_HOME": str(tmp_path / "cache")}
 
 
 def test_the_entry_point_example_is_the_group_guards_are_read_from():
-    table = tomllib.loads(block("toml", "entry-points"))["project"]["entry-points"]
-    assert list(table) == [ENTRY_POINT_GROUP]
+    table = tomllib.loads(block(doc("writing-guards.md"), "toml", "entry-points"))
+    assert list(table["project"]["entry-points"]) == [ENTRY_POINT_GROUP]
 
 
-def test_the_commands_name_what_exists():
-    assert (ROOT / "constraints.txt").is_file()
-    assert "cd examples && AUTOGRAD_GUARD=1 python unique3d_app.py" in README
-    assert (ROOT / "examples" / "unique3d_app.py").is_file()
-    table = README.split("## Guards", 1)[1].split("## Policy", 1)[0]
-    rows = re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE)
-    assert sorted(rows) == sorted(g.name for g in builtin())
-
-
-def test_a_warm_start_imports_what_the_readme_names(guard_python, project):
+def test_a_warm_start_imports_what_the_docs_name(guard_python, project):
     code = "import sys; print(sorted(m for m in sys.modules if m.startswith('autograd_guard')))"
     run_python(guard_python, "pass", project, AUTOGRAD_GUARD="1")  # warms the caches
     loaded = eval(run_python(guard_python, code, project, AUTOGRAD_GUARD="1").stdout)
-    sentence = README.split("With it set, a warm start", 1)[1].split(", and reads a", 1)[0]
+    text = " ".join(doc("internals.md").split())
+    sentence = text.split("With it set, a warm start", 1)[1].split(", and reads a", 1)[0]
     named = [n for n in re.findall(r"`(\w+)`", sentence) if n != "__init__"]
     assert "nine modules" in sentence and len(named) == 9 + 1  # and __future__
     assert sorted(loaded) == sorted(
@@ -119,4 +172,15 @@ def test_variables_are_read_in_the_environment_module_and_the_pth_only():
     assert readers <= {"autograd_guard/_environment.py"}
     pth = (ROOT / "autograd_guard.pth").read_text()
     assert re.findall(r"AUTOGRAD_GUARD\w*", pth) == ["AUTOGRAD_GUARD"]
-    assert "the `.pth` line\nrepeats its on/off test of `AUTOGRAD_GUARD`" in README
+    assert "the `.pth` line\nrepeats its on/off test of `AUTOGRAD_GUARD`" in doc("configuration.md")
+
+
+def test_uninstalling_names_the_cache_folder_the_package_uses(tmp_path):
+    from autograd_guard import _environment
+
+    home = str(tmp_path)
+    default = _environment.cache_folder({"HOME": home})
+    assert default == f"{home}/.cache/autograd-guard"
+    assert _environment.cache_folder({"XDG_CACHE_HOME": home}) == f"{home}/autograd-guard"
+    command = block(README.split("## Uninstalling", 1)[1], "sh", "rm -rf")
+    assert command.strip() == 'rm -rf "${XDG_CACHE_HOME:-$HOME/.cache}/autograd-guard"'
