@@ -83,8 +83,8 @@ class PyTorch3DFaceNormals(Guard):
     )
 
     def risky(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """Vertices that need a gradient, in the shapes the library accepts (anything
-        else goes to the library, which raises its own errors)."""
+        """Vertices that need a gradient, in the shapes and on the devices the library
+        accepts (anything else goes to the library, which raises its own errors)."""
         torch = sys.modules.get("torch")
         verts = argument(args, kwargs, "verts", 0)
         faces = argument(args, kwargs, "faces", 1)
@@ -94,6 +94,7 @@ class PyTorch3DFaceNormals(Guard):
             and isinstance(faces, torch.Tensor)
             and verts.requires_grad
             and torch.is_grad_enabled()
+            and verts.device.type in ("cpu", "cuda")  # where the library has a kernel
             and verts.dim() == 2
             and verts.shape[1] == 3
             and faces.dim() == 2
