@@ -15,8 +15,9 @@ STARTER = """\
 # autograd-guard policy. Reference: the README's "Policy" section.
 # Every built-in guard is on, in fix mode; change what you need.
 
-# Add the shipped default preset's rules (Unique3D's mesh reconstruction stages):
-# extends = "default"
+# Start from a shipped preset: "default" (no rules), or "unique3d", whose rules name
+# Unique3D's mesh reconstruction stages:
+# extends = "unique3d"
 
 # off | observe (log only) | fix (remedy and log) | strict (raise at the risky call)
 mode = "fix"

@@ -132,11 +132,13 @@ def guard_python(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def project(tmp_path):
-    """A working directory holding a Unique3D-like stage module."""
+    """A working directory holding a Unique3D-like stage module and, as examples/ does, a
+    policy naming its stages (the shipped ``unique3d`` preset)."""
     package = tmp_path / "mesh_reconstruction"
     package.mkdir()
     (package / "__init__.py").touch()
     (package / "recon.py").write_text(STAGE_SOURCE)
+    (tmp_path / "autograd_guard.toml").write_text('extends = "unique3d"\n')
     return tmp_path
 
 

@@ -156,6 +156,7 @@ def test_pytest_plugin_strict_and_fixture(pytester: pytest.Pytester):
             assert [e["guard"] for e in autograd_guard_events] == ["grad_mode"]
     """
     )
+    pytester.makefile(".toml", autograd_guard='extends = "unique3d"')
     pytester.syspathinsert()
     assert pytester.runpytest_subprocess("--autograd-guard=fix").ret == 0
     strict = pytester.runpytest_subprocess("--autograd-guard=strict")

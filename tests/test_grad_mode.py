@@ -49,7 +49,7 @@ def test_unguarded_worker_thread_works(stage_module, grad_off):
 
 
 def test_guarded_main_thread_works_and_logs(stage_module, grad_off):
-    autograd_guard.install()  # the default preset names this stage
+    autograd_guard.install("unique3d")  # the unique3d preset names this stage
     from mesh_reconstruction.recon import reconstruct_stage1
 
     with capture_events() as events:
@@ -65,7 +65,7 @@ def test_guarded_main_thread_works_and_logs(stage_module, grad_off):
 
 
 def test_guarded_inside_inference_mode(stage_module):
-    autograd_guard.install()
+    autograd_guard.install("unique3d")
     from mesh_reconstruction.recon import reconstruct_stage1
 
     with capture_events() as events, torch.inference_mode():
@@ -85,7 +85,7 @@ def test_unguarded_inference_mode_fails(stage_module):
 
 
 def test_no_event_when_grad_is_on(stage_module):
-    autograd_guard.install()
+    autograd_guard.install("unique3d")
     from mesh_reconstruction.recon import reconstruct_stage1
 
     assert_attached("grad_mode", STAGE)
@@ -95,7 +95,7 @@ def test_no_event_when_grad_is_on(stage_module):
 
 
 def test_observe_keeps_the_failure_and_explains_it(stage_module, grad_off):
-    autograd_guard.install({"extends": "default", "mode": "observe"})
+    autograd_guard.install({"extends": "unique3d", "mode": "observe"})
     from mesh_reconstruction.recon import reconstruct_stage1
 
     with capture_events() as events, pytest.raises(RuntimeError, match=NO_GRAD) as info:
@@ -105,7 +105,7 @@ def test_observe_keeps_the_failure_and_explains_it(stage_module, grad_off):
 
 
 def test_strict_raises_before_the_stage_runs(stage_module, grad_off):
-    autograd_guard.install({"extends": "default", "mode": "strict"})
+    autograd_guard.install({"extends": "unique3d", "mode": "strict"})
     from mesh_reconstruction.recon import reconstruct_stage1
 
     with pytest.raises(autograd_guard.GuardError, match=r"grad_mode.*Remedy"):

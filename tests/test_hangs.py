@@ -42,7 +42,7 @@ def test_an_unwritable_log_falls_back_to_stderr_naming_path_and_source(guard_pyt
         path.write_text("")
         path.chmod(0o444)
     policy = project / "autograd_guard.toml"
-    policy.write_text(f'extends = "default"\nlog = "{path}"\n')
+    policy.write_text(f'extends = "unique3d"\nlog = "{path}"\n')
     result = run_python(guard_python, STAGE_UNDER_NO_GRAD, project, AUTOGRAD_GUARD="1")
     [notice] = [line for line in result.stderr.splitlines() if "cannot write events" in line]
     assert f"{str(path)!r} (set by the 'log' key of {policy})" in notice

@@ -24,7 +24,8 @@ def test_default_preset_when_nothing_is_found(tmp_path):
     policy = load(cwd=tmp_path)
     assert policy.source == "preset default"
     assert policy.mode == "fix"
-    assert [r.target for r in policy.rules_for("enable_grad")] == [
+    assert policy.rules == []  # no example's rules: those are the unique3d preset's
+    assert [r.target for r in load("unique3d").rules_for("enable_grad")] == [
         "mesh_reconstruction.recon:reconstruct_stage1",
         "mesh_reconstruction.refine:run_mesh_refine",
     ]
@@ -55,9 +56,10 @@ def test_nearest_pyproject_without_table_means_default(tmp_path):
 
 
 def test_presets(tmp_path):
-    assert _policy_files.preset_names() == ["default", "observe", "strict"]
+    assert _policy_files.preset_names() == ["default", "observe", "strict", "unique3d"]
     strict = load("strict")
-    assert strict.mode == "strict" and len(strict.rules) == 2  # extends default
+    assert strict.mode == "strict" and strict.rules == []  # extends default
+    assert load("unique3d").mode == "fix"
     assert load("observe").mode_for("grad_mode") == "observe"
 
 
@@ -78,7 +80,7 @@ def test_guard_overrides_and_environment(tmp_path):
 def test_user_rules_extend_the_default(tmp_path):
     file = tmp_path / "p.toml"
     file.write_text(
-        'extends = "default"\n[[rules]]\ntarget = "my.stages:Fit.run"\naction = "enable_grad"\n'
+        'extends = "unique3d"\n[[rules]]\ntarget = "my.stages:Fit.run"\naction = "enable_grad"\n'
     )
     targets = [r.target for r in load(str(file)).rules]
     assert targets[-1] == "my.stages:Fit.run" and len(targets) == 3
