@@ -15,7 +15,7 @@ from autograd_guard._call import Call
 from autograd_guard._callsite import find_callsite as find_callsite  # where guards find it
 from autograd_guard._dynamo_frames import DYNAMO, outside, region_callback
 from autograd_guard._recursion import GIVE_BACK
-from autograd_guard.errors import GuardError
+from autograd_guard.errors import GuardError, drop_own_frames
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -66,10 +66,19 @@ def _handling(self: Guard, target: Target, risky: Check | None) -> Callable[...,
         if DYNAMO.set_eval_frame is not None:  # torch._dynamo is imported
             callback = region_callback()
             if callback is not None:  # run by a compiled region
-                return outside(autograd_guard_wrapper, callback, original, instance, args, kwargs)
+                try:
+                    return outside(
+                        autograd_guard_wrapper, callback, original, instance, args, kwargs
+                    )
+                except GuardError as strict:
+                    drop_own_frames(strict)  # this raise adds back one: its own
+                    raise strict  # autograd-guard strict: the message says why
         if risky is not None:  # None: no check to run
             try:
                 is_risky = risky(instance, args, kwargs)
+            except GuardError as strict:
+                drop_own_frames(strict)  # this raise adds back one: its own
+                raise strict  # autograd-guard strict: the message says why
             except Exception as exc:  # fail open: run the library untouched
                 self.fail("check", exc)
                 is_risky = False
@@ -88,8 +97,9 @@ def _handling(self: Guard, target: Target, risky: Check | None) -> Callable[...,
         call = Call(target, original, instance, args, kwargs)
         try:
             return handle(call)
-        except GuardError:
-            raise
+        except GuardError as strict:
+            drop_own_frames(strict)  # this raise adds back one: its own
+            raise strict  # autograd-guard strict: the message says why
         except Exception as exc:
             if exc is call.library_error:
                 raise  # the library's or the user's own exception, unchanged
@@ -125,13 +135,18 @@ def _checking_around(self: Guard, target: Target) -> Callable[..., Any]:
         if DYNAMO.set_eval_frame is not None:  # see autograd_guard_wrapper
             callback = region_callback()
             if callback is not None:
-                return outside(
-                    autograd_guard_check_around, callback, original, instance, args, kwargs
-                )
+                try:
+                    return outside(
+                        autograd_guard_check_around, callback, original, instance, args, kwargs
+                    )
+                except GuardError as strict:
+                    drop_own_frames(strict)  # this raise adds back one: its own
+                    raise strict  # autograd-guard strict: the message says why
         try:
             after = before(Call(target, original, instance, args, kwargs))
-        except GuardError:
-            raise
+        except GuardError as strict:
+            drop_own_frames(strict)  # this raise adds back one: its own
+            raise strict  # autograd-guard strict: the message says why
         except Exception as exc:  # fail open: run the library untouched
             self.fail("check", exc)
             after = None
@@ -149,8 +164,9 @@ def _checking_around(self: Guard, target: Target) -> Callable[..., Any]:
         if after is not None:
             try:
                 after()
-            except GuardError:
-                raise
+            except GuardError as strict:
+                drop_own_frames(strict)  # this raise adds back one: its own
+                raise strict  # autograd-guard strict: the message says why
             except Exception as exc:  # fail open: the library's result stands
                 self.fail("remedy", exc)
         return result

@@ -2,16 +2,39 @@
 
 from __future__ import annotations
 
+import os
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
+    from types import TracebackType
     from typing import Any, TypeVar
 
     T = TypeVar("T")
+    E = TypeVar("E", bound=BaseException)
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class GuardError(RuntimeError):
     """Raised at a risky call in ``strict`` mode, naming the guard, call site and remedy."""
+
+
+def drop_own_frames(error: E) -> E:
+    """``error`` with the frames of this package dropped from its traceback, to be raised
+    again by the outermost frame of the guard (a wrapper, a hook), which the ``raise`` adds
+    back: a strict error's traceback shows the user's frames and the library's, then one of
+    ours, not the guard's internals. The same object, its cause and context kept."""
+    kept: list[TracebackType] = []
+    entry = error.__traceback__
+    while entry is not None:
+        if not entry.tb_frame.f_code.co_filename.startswith(PACKAGE_DIR):
+            kept.append(entry)
+        entry = entry.tb_next
+    rebuilt = None
+    for entry in reversed(kept):
+        rebuilt = type(entry)(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return error.with_traceback(rebuilt)
 
 
 class PolicyError(ValueError):

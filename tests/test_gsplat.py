@@ -4,6 +4,7 @@ stand-ins for its CUDA kernel wrappers only (see gsplat_standins.py)."""
 from __future__ import annotations
 
 import inspect
+import traceback
 import warnings
 
 import gsplat
@@ -315,3 +316,16 @@ def test_the_kept_gradient_reads_silently_as_retain_grads_does(guard):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert meta["means2d"].grad is not None and meta["means2d"].retains_grad
+
+
+def test_strict_raises_from_backward_with_one_frame_of_the_guard():
+    from autograd_guard.errors import PACKAGE_DIR
+
+    autograd_guard.install("strict")
+    image, _, _meta = render()
+    with pytest.raises(autograd_guard.GuardError) as caught:
+        loss_of(image).backward()
+    entries = traceback.extract_tb(caught.value.__traceback__)
+    assert entries[0].filename == __file__ and entries[0].line == "loss_of(image).backward()"
+    ours = [e.name for e in entries if e.filename.startswith(PACKAGE_DIR)]
+    assert ours == ["autograd_guard_hook"] and entries[-1].name == "autograd_guard_hook"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import sys
 
+from autograd_guard.errors import GuardError, drop_own_frames
 from autograd_guard.guard import Call, Guard, Target
 
 TYPE_CHECKING = False
@@ -60,12 +61,17 @@ class GsplatMeans2d(Guard):
         # strategy.step_pre_backward) retained the gradient: correct code logs nothing.
         tensor, callsite = weakref.ref(means2d), call.callsite
         node, index = means2d.grad_fn, means2d.output_nr
-        if hasattr(node, "register_prehook"):
-            # A pre-hook of the node that made means2d runs after every tensor hook and
-            # after retain_grad's: it sees the gradient that retain_grad() would keep.
-            node.register_prehook(lambda grads: self._in_backward(tensor(), grads[index], callsite))
-        else:
-            means2d.register_hook(lambda grad: self._in_backward(tensor(), grad, callsite))
+
+        def autograd_guard_hook(grads: tuple[Any, ...]) -> None:
+            try:
+                self._in_backward(tensor(), grads[index], callsite)
+            except GuardError as strict:
+                drop_own_frames(strict)  # this raise adds back one: its own
+                raise strict  # autograd-guard strict: the message says why
+
+        # A pre-hook of the node that made means2d (torch 2.0 on) runs after every tensor
+        # hook and after retain_grad's: it sees the gradient that retain_grad() would keep.
+        node.register_prehook(autograd_guard_hook)
         return result
 
     def _in_backward(self, means2d: Any, grad: Any, callsite: str) -> None:
