@@ -8,6 +8,7 @@ import os
 import sys
 
 from autograd_guard import _locate, _policy
+from autograd_guard._actions import plural
 from autograd_guard.errors import PolicyError, Problems
 from autograd_guard.guards import available
 
@@ -18,11 +19,18 @@ if TYPE_CHECKING:
     from autograd_guard._policy import Policy
 
 LOG_ALLOWED = "stderr, logging, or a file path in an existing folder"
+NEVER_ATTACHES = "a run cannot attach it and names it at exit (unattached_rules)"
 
 
 def check_policy(args: argparse.Namespace) -> int:
-    """Print every problem (stderr) and note; exit status 1 when there is a problem."""
-    problems = Problems()
+    """Print every problem and warning (stderr) and note; exit status 1 when there is a
+    problem (with ``--strict``, a warning too).
+
+    Warnings are what a run says and runs on: a rule whose module cannot be found (the
+    run names it at exit as ``unattached_rules``, a warning) and an unknown guard in
+    ``AUTOGRAD_GUARD_DISABLE`` (the run says it on stderr and runs on); problems are
+    what makes a run refuse the policy."""
+    problems, warnings = Problems(), Problems()
     try:
         policy = _policy.load(args.file, available(), problems=problems)
     except PolicyError as exc:  # the file itself cannot be found, read or parsed
@@ -30,34 +38,42 @@ def check_policy(args: argparse.Namespace) -> int:
         policy = None
     notes: list[str] = []
     if policy is not None:
-        problems.found.extend(policy.warnings)
-        notes = _rule_modules(policy, problems)
+        warnings.found.extend(policy.warnings)
+        notes = _rule_modules(policy, warnings)
         _log_destination(policy, problems)
     for note in notes:
         print(f"note: {note}")
+    for warning in warnings.found:
+        print(f"warning: {warning}", file=sys.stderr)
     for problem in problems.found:
         print(f"invalid policy: {problem}", file=sys.stderr)
-    if problems.found or policy is None:
+    strict = getattr(args, "strict", False)
+    if problems.found or policy is None or (strict and warnings.found):
         return 1
     mode = policy.env_mode or policy.mode
-    print(f"ok: {policy.source} (mode {mode}, {len(policy.rules)} rules)")
+    counted = plural(len(policy.rules), "rule")
+    if warnings.found:
+        counted += f"; {plural(len(warnings.found), 'warning')}"
+    print(f"ok: {policy.source} (mode {mode}, {counted})")
     return 0
 
 
-def _rule_modules(policy: Policy, problems: Problems) -> list[str]:
-    """A problem for each rule whose module cannot be found, the whole dotted path
-    resolved without importing anything; a rule of a shipped preset (Unique3D's stages)
-    only earns a note where the program is not there. Returns the notes."""
+def _rule_modules(policy: Policy, warnings: Problems) -> list[str]:
+    """A warning for each rule whose module cannot be found, the whole dotted path
+    resolved without importing anything, in the words of the run's ``unattached_rules``
+    finding; a rule of a shipped preset (Unique3D's stages) only earns a note, as the run
+    leaves those out. Returns the notes."""
     notes = []
     search = [os.getcwd(), *sys.path]  # the program runs from here, not from this script
     for rule in policy.rules:
         why = _locate.why_not_found(rule.module, search)
         if not why:
             continue
+        text = f"{why} (for {rule.target!r}): {NEVER_ATTACHES}"
         if rule.origin.startswith("preset "):
-            notes.append(f"{rule.origin}: {rule.key}.target: {why} (for {rule.target!r})")
+            notes.append(f"{rule.origin}: {rule.key}.target: {text}")
         else:
-            problems.add(rule.origin, f"{rule.key}.target", f"{why} (for {rule.target!r})")
+            warnings.add(rule.origin, f"{rule.key}.target", text)
     return notes
 
 

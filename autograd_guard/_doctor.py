@@ -8,6 +8,7 @@ import sys
 import sysconfig
 
 from autograd_guard import _environment, _policy, _versions
+from autograd_guard._actions import plural
 from autograd_guard._state import STATE
 from autograd_guard.errors import PolicyError, Problems
 from autograd_guard.guards import available
@@ -31,7 +32,8 @@ def doctor(_: argparse.Namespace) -> int:
     except PolicyError as exc:
         problems.found.extend(exc.problems)
     if problems.found:
-        print(f"policy        INVALID ({len(problems.found)} problems; see 'autograd-guard check')")
+        count = plural(len(problems.found), "problem")
+        print(f"policy        INVALID ({count}; see 'autograd-guard check')")
         for problem in problems.found:
             print(f"  {problem}")
         return 1

@@ -64,7 +64,8 @@ class Option:
             value = list(value)
         if ok and self.kind is str:
             ok = len(value) <= MAX_STRING
-        if ok and self.choices:
+        if ok and self.choices and isinstance(value, str):  # keywords, in any case
+            value = next((c for c in self.choices if c.lower() == value.lower()), value)
             ok = value in self.choices
         if ok and self.kind in (int, float):
             ok = (
@@ -76,11 +77,25 @@ class Option:
             raise PolicyError(
                 source,
                 key,
-                f"invalid value {short(value)}",
+                f"invalid value {short(value)}{self._quoted(value)}",
                 self.allowed(),
                 closest(value, self.choices),
             )
         return value
+
+    def _quoted(self, value: Any) -> str:
+        """Why a quoted ``"false"`` or ``"3"`` is refused: TOML's quotes make it a string."""
+        if not isinstance(value, str) or self.kind not in (bool, int, float):
+            return ""
+        text = value.strip()
+        if self.kind is bool and text.lower() in ("true", "false"):
+            return f": a string where a boolean is expected; write {text.lower()} without quotes"
+        try:
+            float(text) if self.kind is float else int(text)
+        except ValueError:
+            return ""
+        kind = "an integer" if self.kind is int else "a number"
+        return f": a string where {kind} is expected; write {text} without quotes"
 
     def _item_ok(self, value: Any) -> bool:
         if isinstance(value, str):

@@ -63,13 +63,8 @@ def discover(environ: Mapping[str, str] | None, cwd: str) -> Discovered:
         candidate = os.path.join(folder, POLICY_FILE)
         if os.path.isfile(candidate):
             return Discovered(candidate, candidate)
-        if os.path.islink(candidate):
-            raise PolicyError(
-                candidate,
-                "",
-                f"a symbolic link to {os.readlink(candidate)!r}, which does not exist",
-                "a policy file: fix or remove the link",
-            )
+        if os.path.lexists(candidate):  # a setup mistake: named, never passed over
+            raise _not_a_policy_file(candidate)
         pyproject = os.path.join(folder, "pyproject.toml")
         if os.path.isfile(pyproject) and _has_tool_table(pyproject):
             return Discovered(f"{pyproject} [tool.autograd_guard]", pyproject, True)
@@ -77,6 +72,15 @@ def discover(environ: Mapping[str, str] | None, cwd: str) -> Discovered:
         if parent == folder:
             return Discovered("preset default", os.path.join(presets_dir(), "default.toml"))
         folder = parent
+
+
+def _not_a_policy_file(path: str) -> PolicyError:
+    """``autograd_guard.toml`` is there but is no file: a dangling link, a folder, a FIFO."""
+    if os.path.islink(path) and not os.path.exists(path):
+        what = f"a symbolic link to {os.readlink(path)!r}, which does not exist"
+        return PolicyError(path, "", what, "a policy file: fix or remove the link")
+    what = "a folder" if os.path.isdir(path) else "a special file (a FIFO, socket or device)"
+    return PolicyError(path, "", f"{what}, not a policy file", f"a TOML file named {POLICY_FILE}")
 
 
 def _is_preset_name(named: str) -> bool:
@@ -90,10 +94,11 @@ def resolve_named(named: str, key: str, relative_to: str | None = None) -> Disco
     if relative_to is not None and not os.path.isabs(path):
         path = os.path.join(relative_to, path)
     if _is_preset_name(named) and not (os.path.lexists(path) and not os.path.isdir(path)):
-        preset = os.path.join(presets_dir(), f"{named}.toml")
+        name = named.lower()  # a keyword, in any case (``Strict``)
+        preset = os.path.join(presets_dir(), f"{name}.toml")
         if not os.path.isfile(preset):
             raise _no_such_policy(key, named)
-        return Discovered(f"preset {named}", preset)
+        return Discovered(f"preset {name}", preset)
     return Discovered(path, path)
 
 

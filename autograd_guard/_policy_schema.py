@@ -79,6 +79,7 @@ def _log_destination(source: str, value: Any) -> str:
 def _disabled(problems: Problems, source: str, value: Any, guards: list[type[Guard]]) -> set[str]:
     names = problems.attempt(Option(list, []).check, source, "disable", value) or []
     known = ["*", *(g.name for g in guards)]
+    names = [_keyword(name, known) for name in names]
     for name in names:
         if name not in known:
             problems.add(
@@ -265,7 +266,7 @@ def apply_environment(
             closest(value, [*MODES, *_environment.ON_VALUES]),
         )
     known = ["*", *guard_names]
-    disabled = _environment.disabled(environ)
+    disabled = {_keyword(name, known) for name in _environment.disabled(environ)}
     for name in sorted(disabled - set(known)):
         policy.warnings.append(
             PolicyError(
@@ -289,6 +290,11 @@ def _check_keys(
         if key not in allowed:
             name = f"{where}.{key}" if where else str(key)
             problems.add(source, name, "unknown key", ", ".join(allowed), closest(key, allowed))
+
+
+def _keyword(word: str, known: Sequence[str]) -> str:
+    """``word`` as the known name it spells in another case (``Grad_Mode``), else as is."""
+    return next((name for name in known if name.lower() == word.lower()), word)
 
 
 def _choice(source: str, key: str, value: Any, choices: Iterable[str]) -> str:

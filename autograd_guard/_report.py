@@ -46,6 +46,10 @@ def report_log(args: argparse.Namespace) -> int:
     if args.since is not None:
         lines = [line for line in lines if _logged_since(line, args.since)]
     counts, events, processes, bad = _count_log(lines)
+    unknown = _unknown_guards(args.guard or [], {guard for guard, _, _ in counts})
+    if unknown:
+        print(unknown, file=sys.stderr)
+        return 2
     kept = [(k, n) for k, n in sorted(counts.items()) if not args.guard or k[0] in args.guard]
     rows: list[dict[str, Any]] = [
         {"guard": g, "action": a, "callsite": c, "count": n, "event": events.get((g, a, c), "")}
@@ -60,12 +64,29 @@ def report_log(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{headline} in {_actions.plural(processes, 'process')}"
-        + (f"; {bad} unreadable lines" if bad else "")
+        + (f"; {_actions.plural(bad, 'unreadable line')}" if bad else "")
     )
     cells = [[g, a, str(n), c, events.get((g, a, c), "")] for (g, a, c), n in kept]
     if cells:
         print("\n".join(aligned([["guard", "action", "count", "call site", "event"], *cells])))
     return 0
+
+
+def _unknown_guards(asked: list[str], logged: set[str]) -> str:
+    """The message for a ``--guard`` that names no guard, installed or in this log (a
+    typo, ``grad_helth``), with the closest name; "" when every name is known. A known
+    guard with no events here is fine: it just has no rows."""
+    from autograd_guard.errors import closest
+    from autograd_guard.guards import available
+
+    known = sorted(logged | {guard.name for guard in available()})
+    wrong = [name for name in asked if name not in known]
+    if not wrong:
+        return ""
+    name = wrong[0]
+    guess = closest(name, known)
+    hint = f"; did you mean {guess!r}?" if guess else ""
+    return f"--guard: unknown guard {name!r}{hint} (allowed: {', '.join(known)})"
 
 
 def aligned(table: list[list[str]], right: tuple[int, ...] = (2,)) -> list[str]:

@@ -55,7 +55,9 @@ COMMANDS = {
         "FILE defaults to the policy in force here. Checks every key and value, that each "
         "rule's module can be found (the whole dotted path, without importing anything), "
         "and that the log destination can be written. Prints every problem, each naming "
-        "the file, the key and what is allowed; exit status 1 if there is one.",
+        "the file, the key and what is allowed; exit status 1 if there is one. A rule "
+        "whose module cannot be found is a warning, as in a run (named at exit), and "
+        "fails the check only with --strict.",
     ),
     "init": (
         "Write a commented starter policy to ./autograd_guard.toml.",
@@ -110,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
         for name, (summary, text) in COMMANDS.items()
     }
     sub["check"].add_argument("file", nargs="?", help="policy file (default: the one in force)")
+    sub["check"].add_argument(
+        "--strict", action="store_true", help="exit status 1 for a warning too (for CI)"
+    )
     sub["init"].add_argument("--force", action="store_true", help="overwrite an existing file")
     sub["run"].add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS")
     _report.add_arguments(sub["report"])
