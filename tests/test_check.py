@@ -70,15 +70,16 @@ def test_check_resolves_the_whole_module_path_without_importing(tmp_path, capsys
     assert check(capsys, str(policy))[0] == 0
     policy.write_text(rule("fitlib.trian:fit") + rule("fitlib.train.deep:fit") + rule("fitlb:f"))
     status, _, err = check(capsys, str(policy))
-    assert status == 1
+    assert status == 0  # warnings, as a run says them: --strict fails on them
     lines = err.splitlines()
+    attach = ": a run cannot attach it and names it at exit (unattached_rules)"
     assert lines[0] == (
-        f"invalid policy: {policy}: rules[0].target: package 'fitlib' ({fitlib}) has no module "
-        "'trian'; did you mean 'fitlib.train'? (for 'fitlib.trian:fit')"
+        f"warning: {policy}: rules[0].target: package 'fitlib' ({fitlib}) has no module "
+        f"'trian'; did you mean 'fitlib.train'? (for 'fitlib.trian:fit'){attach}"
     )
     assert lines[1] == (
-        f"invalid policy: {policy}: rules[1].target: 'fitlib.train' is a module, not a "
-        "package: it has no submodule 'deep' (for 'fitlib.train.deep:fit')"
+        f"warning: {policy}: rules[1].target: 'fitlib.train' is a module, not a "
+        f"package: it has no submodule 'deep' (for 'fitlib.train.deep:fit'){attach}"
     )
     assert "no module 'fitlb' can be found here; did you mean 'fitlib'?" in lines[2]
 
@@ -109,8 +110,8 @@ def test_messages_say_it_once_in_words(tmp_path, capsys):
     _, _, err = check(capsys, "p.toml")
     assert err.splitlines() == [
         "invalid policy: p.toml: extends: no preset or policy file named 'defualt'; did you "
-        "mean 'default'? (allowed: a preset name (default, observe, strict) or a policy file "
-        "path)",
+        "mean 'default'? (allowed: a preset name (default, observe, strict, unique3d) or a "
+        "policy file path)",
         "invalid policy: p.toml: guards.ipex_xpu.crosscheck_atol: invalid value -1.0 "
         "(allowed: a number >= 0)",
     ]
@@ -123,7 +124,7 @@ def test_unknown_guard_in_the_disable_variable_is_named(tmp_path, capsys, monkey
         "'grad_health'? (allowed: *, grad_mode,"
     )
     status, _, err = check(capsys)
-    assert status == 1 and err.startswith(f"invalid policy: {line}")
+    assert status == 0 and err.startswith(f"warning: {line}")
     import autograd_guard
 
     autograd_guard.install()  # the guard runs on, and says it once where the user sees it
