@@ -23,6 +23,7 @@ BUILTIN = (
     "grad_mode",
     "snapshot_inputs",
     "pytorch3d_taubin",
+    "pytorch3d_bin_overflow",
     "pytorch3d_hard_silhouette",
     "pytorch3d_point_radius",
     "pytorch3d_euler_gimbal",
