@@ -1,15 +1,23 @@
 """Compare a guarded run with its unguarded twin: exit status, output, the exception and its
 chain, the files written (tensors in ``.pt`` files bit for bit, dtype and NaN positions
-included) and the events, which must be exactly those the case expects."""
+included), every warning issued and the events, which must be exactly those the case
+expects.
+
+Warnings are compared as issued, each time (``-W always``), as a multiset (a worker thread's
+may come in any order): the same ones, or, where the guarded run ends with the exception
+the case expects, none that the reference did not issue. Each difference says whether the
+default filters would show it (once per location; DeprecationWarning and its kin hidden),
+or only ``-W always``, ``-W error`` and pytest's summary would."""
 
 from __future__ import annotations
 
 import io
 import re
+from collections import Counter
 from typing import Any
 
 from twin_cases import Expectation
-from twin_runner import Outcome
+from twin_runner import Outcome, Warned
 
 CALLSITE = re.compile(r"^(?P<file>.+\.py):(?P<line>\d+)$")
 
@@ -23,14 +31,15 @@ def differences(reference: Outcome, guarded: Outcome, expected: Expectation) -> 
         raised = (guarded.exception or {}).get("type")
         if raised != expected.raises:
             problems.append(f"{where} ended with {raised}, expected {expected.raises}")
-        return problems
+        added = Counter(guarded.warnings) - Counter(reference.warnings)
+        return problems + [f"{where} {p}" for p in _warning_lines("issued", added, guarded)]
     problems += [f"{where} {p}" for p in outcome_differences(reference, guarded)]
     return problems
 
 
 def outcome_differences(first: Outcome, second: Outcome) -> list[str]:
     """How two runs' observable results differ (events and stderr aside)."""
-    problems = []
+    problems = warning_differences(first, second)
     if first.returncode != second.returncode:
         problems.append(f"exit status {second.returncode}, expected {first.returncode}")
     if first.exception != second.exception:
@@ -44,6 +53,35 @@ def outcome_differences(first: Outcome, second: Outcome) -> list[str]:
         elif mine != theirs and (not name.endswith(".pt") or not same_tensors(theirs, mine)):
             problems.append(f"file {name} differs")
     return problems
+
+
+def warning_differences(first: Outcome, second: Outcome) -> list[str]:
+    """The warnings ``second`` issued that ``first`` did not, and those it did not issue."""
+    mine, theirs = Counter(second.warnings), Counter(first.warnings)
+    return _warning_lines("issued", mine - theirs, second) + _warning_lines(
+        "did not issue", theirs - mine, first
+    )
+
+
+def _warning_lines(verb: str, warned: Counter[Warned], run: Outcome) -> list[str]:
+    if not warned:
+        return []
+    shown = set(shown_by_default(run.warnings))
+    lines = [
+        f"  {w} (x{n}; {'shown by default' if w in shown else 'only under -W always'})"
+        for w, n in sorted(warned.items())
+    ]
+    return [f"{verb} {sum(warned.values())} warning(s) the other run did not:\n" + "\n".join(lines)]
+
+
+def shown_by_default(warned: list[Warned]) -> list[Warned]:
+    """The warnings Python's default filters show: the first of each at its location, none
+    of the kinds they ignore there."""
+    shown: dict[Warned, None] = {}
+    for w in warned:
+        if not w.hidden_by_default:
+            shown.setdefault(w)
+    return list(shown)
 
 
 def _event_problems(guarded: Outcome, expected: Expectation) -> list[str]:

@@ -1,16 +1,18 @@
 """Run one case once in a child interpreter (unguarded, by hand fixed, or guarded in a mode)
 and collect what it did: exit status, output, the exception it ended with and its chain,
-the files it wrote and the events the guard logged."""
+the files it wrote, the events the guard logged and every warning it issued (each time,
+as under ``-W always``: once-per-location filtering hides no difference)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,33 @@ def _describe(exc, depth=0):
     }
 
 
+def _record_warnings():
+    # Every warning, each time it is issued ("-W always"), appended to TWIN_WARNINGS as
+    # it comes (exit handlers and forked workers included), then shown as usual.
+    import json
+    import os
+    import warnings
+
+    path, show = os.environ["TWIN_WARNINGS"], warnings.showwarning
+    HIDDEN = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        kind = f"{category.__module__}.{category.__qualname__}"
+        # What Python's default filters ignore outside __main__ (this launcher).
+        hidden = issubclass(category, HIDDEN) and filename != __file__
+        try:
+            with open(path, "a") as f:
+                f.write(json.dumps([kind, str(message), filename, lineno, hidden]) + "\\n")
+        except Exception:  # the interpreter's last moments: nothing left to write with
+            pass
+        show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = record
+    warnings.simplefilter("always")
+
+
 if __name__ == "__main__":
+    _record_warnings()
     try:
         import case
 
@@ -62,6 +90,24 @@ class Outcome:
     files: dict[str, bytes]
     events: list[dict[str, Any]]
     seconds: float
+    warnings: list[Warned] = field(default_factory=list)
+
+
+@dataclass(frozen=True, order=True)
+class Warned:
+    """One warning as issued: its category, message and the location it names (the
+    program's own files as ``<case>/...``, addresses in its text as ``0x?``), and whether
+    Python's default filters ignore its kind there (DeprecationWarning outside
+    ``__main__`` and its kin)."""
+
+    category: str
+    message: str
+    filename: str
+    lineno: int
+    hidden_by_default: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.lineno}: {self.category}: {self.message}"
 
 
 def run(case: Case, variant: str, python: Path, root: Path, extra_paths: list[str]) -> Outcome:
@@ -72,7 +118,8 @@ def run(case: Case, variant: str, python: Path, root: Path, extra_paths: list[st
     folder.mkdir(parents=True)
     before = _write_sources(case, folder)
     log, outcome = folder.with_suffix(".events.jsonl"), folder.with_suffix(".outcome.json")
-    for path in (log, outcome):
+    warned = folder.with_suffix(".warnings.jsonl")
+    for path in (log, outcome, warned):
         path.unlink(missing_ok=True)
     env = wheelenv.clean_environ(
         PYTHONPATH=os.pathsep.join([str(SUPPORT), str(TESTS), *extra_paths]),
@@ -83,6 +130,7 @@ def run(case: Case, variant: str, python: Path, root: Path, extra_paths: list[st
         WARP_CACHE_PATH=str(root / "warp-cache"),
         AUTOGRAD_GUARD_LOG=str(log),
         TWIN_OUTCOME=str(outcome),
+        TWIN_WARNINGS=str(warned),
     )
     if variant == "handfix":
         env["TWIN_HANDFIX"] = "1"
@@ -110,6 +158,7 @@ def run(case: Case, variant: str, python: Path, root: Path, extra_paths: list[st
         files=_written(folder, before),
         events=_events(log),
         seconds=seconds,
+        warnings=_warnings(warned, folder),
     )
 
 
@@ -151,3 +200,18 @@ def _events(log: Path) -> list[dict[str, Any]]:
         return []
     records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     return [r for r in records if r.get("action") != "summary"]
+
+
+ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+
+
+def _warnings(path: Path, folder: Path) -> list[Warned]:
+    if not path.exists():
+        return []
+    warned = []
+    for line in path.read_text().splitlines():
+        kind, message, filename, lineno, hidden = json.loads(line)
+        if filename.startswith(str(folder) + os.sep):
+            filename = "<case>" + filename[len(str(folder)) :]
+        warned.append(Warned(kind, ADDRESS.sub("0x?", message), filename, int(lineno), hidden))
+    return warned
