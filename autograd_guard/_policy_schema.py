@@ -212,12 +212,7 @@ def _parse_rules(
 
 def _target(source: str, key: str, target: Any) -> str:
     if not is_target(target):
-        raise PolicyError(
-            source,
-            key,
-            f"invalid target {short(target)}",
-            _TARGET_FORM,
-        )
+        raise PolicyError(source, key, f"invalid target {short(target)}", _TARGET_FORM)
     _check_target_module(source, key, target)
     return str(target)
 
@@ -293,7 +288,7 @@ def _check_keys(
 
 
 def _keyword(word: str, known: Sequence[str]) -> str:
-    """``word`` as the known name it spells in another case (``Grad_Mode``), else as is."""
+    """``word`` as the known name it spells in any case (``Grad_Mode``), else as is."""
     return next((name for name in known if name.lower() == word.lower()), word)
 
 
