@@ -138,6 +138,7 @@ def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:
         mesh_face_areas_normals,
         (torch.ones(4, 3), faces),
     )
+    rows += pytorch3d_rows(add, calls, blocks, goal)
 
     def launch(
         kernel: Any,
@@ -284,6 +285,115 @@ def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:
         (tensor,),
     )
     add_method("grad_mode method obj.stage(x), grad on, torch._dynamo imported")
+    return rows
+
+
+def pytorch3d_rows(add: Any, calls: int, blocks: int, goal: str) -> list[Row]:
+    """The PyTorch3D guards added with the real compiled extension in mind: each on the
+    path correct code takes (PyTorch3D itself is not needed: no-ops with its signatures)."""
+
+    def matrix_to_euler_angles(matrix: Any, convention: str) -> Any:
+        return matrix
+
+    euler = guard_for("pytorch3d_euler_gimbal")
+    target = own_target(
+        euler, "pytorch3d.transforms.rotation_conversions", "matrix_to_euler_angles"
+    )
+    rotations = torch.eye(3).repeat(64, 1, 1) * 0.5  # away from the lock
+    add(
+        "pytorch3d_euler_gimbal, no grad", euler, target, matrix_to_euler_angles, (rotations, "XYZ")
+    )
+    add(
+        "pytorch3d_euler_gimbal, 64 rotations requiring grad, away from the lock (1 sync)",
+        euler,
+        target,
+        matrix_to_euler_angles,
+        (rotations.clone().requires_grad_(), "XYZ"),
+        row_goal="<= 20 us",
+    )
+
+    def rasterize_points(pointclouds: Any, image_size: Any = 256, radius: Any = 0.01) -> Any:
+        return pointclouds
+
+    radius = guard_for("pytorch3d_point_radius")
+    target = own_target(radius, "pytorch3d.renderer.points.rasterize_points", "rasterize_points")
+    add("pytorch3d_point_radius, float radius", radius, target, rasterize_points, (None, 64, 0.01))
+    add(
+        "pytorch3d_point_radius, radius tensor without grad",
+        radius,
+        target,
+        rasterize_points,
+        (None, 64, torch.full((1, 100), 0.01)),
+    )
+
+    def rasterize_meshes(*args: Any) -> Any:
+        return args[0]
+
+    bins = guard_for("pytorch3d_bin_overflow")
+    target = own_target(bins, "pytorch3d._C", "rasterize_meshes")
+    face_verts = torch.ones(8, 3, 3)
+    for case, bin_size in (("naive (bin_size=0)", 0), ("binned on the CPU", 8)):
+        args = (face_verts, 0, 8, -1, (64, 64), 0.0, 8, bin_size, 10000, False, False, False)
+        add(f"pytorch3d_bin_overflow, {case}", bins, target, rasterize_meshes, args)
+    return silhouette_rows(calls, blocks, goal)
+
+
+def silhouette_rows(calls: int, blocks: int, goal: str) -> list[Row]:
+    """``renderer(meshes)`` through a guarded ``MeshRenderer.forward`` (a method), with a
+    stand-in for PyTorch3D's shader module: a Phong shader, then a silhouette shader with
+    the tutorials' blur (both correct code: no event)."""
+    shaders = types.ModuleType("pytorch3d.renderer.mesh.shader")
+
+    class SoftSilhouetteShader:
+        blend_params = types.SimpleNamespace(sigma=1e-4)
+
+    class SoftPhongShader:
+        pass
+
+    shaders.SoftSilhouetteShader = SoftSilhouetteShader  # type: ignore[attr-defined]
+    saved = sys.modules.get(shaders.__name__)
+    sys.modules[shaders.__name__] = shaders
+    rows = []
+    try:
+        guard = guard_for("pytorch3d_hard_silhouette")
+        wrapper = guard.wrapper_for(
+            own_target(guard, "pytorch3d.renderer.mesh.renderer", "MeshRenderer.forward")
+        )
+        for case, shader in (
+            ("Phong shader", SoftPhongShader()),
+            ("silhouette, blur > 0", SoftSilhouetteShader()),
+        ):
+
+            class Renderer:
+                rasterizer = types.SimpleNamespace(
+                    raster_settings=types.SimpleNamespace(blur_radius=9.2e-4)
+                )
+
+                def forward(self, meshes_world: Any, **kwargs: Any) -> Any:
+                    return meshes_world
+
+            class Guarded(Renderer):
+                pass
+
+            Guarded.forward = guarded_function(vars(Renderer)["forward"], wrapper, method=True)  # type: ignore[method-assign]
+            bare, guarded = Renderer(), Guarded()
+            bare.shader = guarded.shader = shader  # type: ignore[attr-defined]
+            base, wrapped = compare(bare.forward, guarded.forward, (None,), {}, calls, blocks)
+            rows.append(
+                Row(
+                    "per call",
+                    f"pytorch3d_hard_silhouette renderer, {case}",
+                    base,
+                    wrapped,
+                    "us",
+                    goal,
+                )
+            )
+    finally:
+        if saved is None:
+            del sys.modules[shaders.__name__]
+        else:
+            sys.modules[shaders.__name__] = saved
     return rows
 
 
