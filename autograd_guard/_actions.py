@@ -28,7 +28,9 @@ NOT_INTERVENTIONS = frozenset(
 )
 
 # Events that report a finding: a diagnosis of the user's code; nothing was changed.
-FINDINGS = frozenset({"lost_gradient", "nonfinite_origin", "training_stalled", "unattached_rules"})
+FINDINGS = frozenset(
+    {"lost_gradient", "nonfinite_origin", "training_stalled", "unattached_rules", "zero_gradient"}
+)
 
 
 def describe_counts(rows: list[dict[str, Any]]) -> str:

@@ -57,15 +57,18 @@ class FiniteCheck:
                 slots[device] = slot
         return slot
 
-    def all_finite(self, grads: list[Any], slot: Slot | None = None) -> bool:
-        """One sync per device. Meta and fake tensors hold no values: they pass."""
+    def all_finite(
+        self, grads: list[Any], slot: Slot | None = None, probe: Probe | None = None
+    ) -> bool:
+        """One sync per device. Meta and fake tensors hold no values: they pass. A
+        ``probe`` of one gradient is read with the flag where that saves a sync."""
         torch = sys.modules["torch"]
         first = grads[0]
         if type(first) is torch.Tensor:  # not a subclass (fake tensors and the like)
             slot = slot or self.slot(first.device)
         if slot is not None and slot.kernel:
             try:
-                return _fused(torch, grads, slot)
+                return _fused(torch, grads, slot, probe)
             except (RuntimeError, TypeError):  # several devices, sparse or complex gradients
                 pass
         by_device: dict[Any, list[Any]] = {}
@@ -127,7 +130,7 @@ class FiniteCheck:
         return works
 
 
-def _fused(torch: Any, grads: list[Any], slot: Slot) -> bool:
+def _fused(torch: Any, grads: list[Any], slot: Slot, probe: Probe | None = None) -> bool:
     if slot.cuda and torch.cuda.is_current_stream_capturing():
         return True  # no sync is allowed inside a CUDA graph capture
     found = slot.found
@@ -136,20 +139,48 @@ def _fused(torch: Any, grads: list[Any], slot: Slot) -> bool:
     except BaseException:
         found.zero_()  # a kernel stopped midway may have set it
         raise
-    if not found.item():
+    if probe is not None and slot.cuda:  # one sync for both (on the CPU, two reads cost less)
+        bad, nonzero = torch.cat((found, probe.flag.reshape(1).to(found.dtype))).tolist()
+        probe.nonzero = bool(nonzero)
+    else:
+        bad = found.item()
+    if not bad:
         return True
     found.zero_()
     return False
+
+
+class Probe:
+    """Whether one gradient of a step holds a value other than zero: a flag on its device,
+    read with the finite check's flag (one sync on CUDA) or on its own."""
+
+    __slots__ = ("flag", "nonzero")
+
+    def __init__(self, grad: Any) -> None:
+        self.flag = gradient_values(sys.modules["torch"], grad).any()
+        self.nonzero: bool | None = None
+
+    def read(self) -> bool:
+        if self.nonzero is None:
+            self.nonzero = bool(self.flag)
+        return self.nonzero
+
+
+def gradient_values(torch: Any, grad: Any) -> Any:
+    """A gradient's values as a real dense-or-values tensor, detached (a sparse gradient's
+    stored values; a complex one's real view)."""
+    values = grad._values() if grad.is_sparse else grad
+    values = values.detach()
+    if values.is_complex():
+        values = torch.view_as_real(values.resolve_conj())
+    return values
 
 
 def gradient_sum(torch: Any, grad: Any) -> Any:
     """A sum, not finite when ``grad`` is not (or, for finite values, when it passes 3e38):
     one read of the tensor, several times cheaper than ``isfinite().all()``. Half
     precisions are summed in float32, whose range a sum of them cannot pass."""
-    values = grad._values() if grad.is_sparse else grad
-    values = values.detach()
-    if values.is_complex():
-        values = torch.view_as_real(values.resolve_conj())
+    values = gradient_values(torch, grad)
     if values.element_size() < 4:
         return values.sum(dtype=torch.float32)
     return values.sum()

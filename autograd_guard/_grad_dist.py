@@ -16,6 +16,7 @@ import sys
 
 from autograd_guard._grad_check import wrapper_modules
 from autograd_guard._grad_step import params_of
+from autograd_guard._grad_zero import ALL_ZERO, SOME_VALUE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,16 +39,24 @@ class Sharing:
         self.ranks: list[int] = list(dist.get_process_group_ranks(group))
         self.first = self.ranks[0] == dist.get_rank()  # logs the group's decisions
 
-    def exchange(self, local: bool, device: Any) -> list[int]:
-        """All-reduce this rank's flag: the global ranks whose gradients were not finite.
-        Every rank of the group calls it at the same step, whatever it found."""
+    def exchange(self, local: bool, device: Any, word: float) -> tuple[list[int], bool]:
+        """All-reduce this rank's flag and its word on zero gradients (``_grad_zero``):
+        the global ranks whose gradients were not finite, and whether every gradient of
+        the group was exactly zero. Every rank of the group calls it at the same step,
+        whatever it found."""
         torch = sys.modules["torch"]
         dist = torch.distributed
-        flags = torch.zeros(len(self.ranks), device=_flag_device(dist, self.group, device))
+        n = len(self.ranks)
+        flags = torch.zeros(2 * n, device=_flag_device(dist, self.group, device))
+        me = dist.get_rank(self.group)
+        flags[n + me] = word
         if local:
-            flags[dist.get_rank(self.group)] = 1.0
+            flags[me] = 1.0
         dist.all_reduce(flags, group=self.group)
-        return [rank for rank, flag in zip(self.ranks, flags.tolist(), strict=True) if flag]
+        values = flags.tolist()
+        words = values[n:]
+        all_zero = ALL_ZERO in words and SOME_VALUE not in words
+        return [rank for rank, flag in zip(self.ranks, values, strict=False) if flag], all_zero
 
     def gather_names(self, names: list[str]) -> list[str]:
         """Every rank's names of its non-finite parameters (after ``exchange`` found some,

@@ -1,6 +1,7 @@
 """grad_health's findings and the advice that goes with them: where a non-finite value
 came from (or why that could not be found, and what will find it), parameters that never
-get a gradient, a run that has stopped training; and, in strict, a run that ends with a
+get a gradient, a run that has stopped training (non-finite steps in a row) or learns
+nothing (every gradient exactly zero, step after step); and, in strict, a run that ends with a
 finding ends with a non-zero status.
 
 A mixin of ``GradHealth``. Every pointer in an event leads somewhere: the remedy of a
@@ -13,8 +14,11 @@ from __future__ import annotations
 
 import threading
 
+from autograd_guard._grad_advice import advice
 from autograd_guard._grad_check import parameter_names
 from autograd_guard._grad_probe import BackwardProbe
+from autograd_guard._grad_zero import ZERO_REMEDY
+from autograd_guard._grad_zero import event as zero_event
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -134,6 +138,20 @@ class Findings:
             always=True,
         )
 
+    def _zero_streak(self, optimizer: Any, record: Record, ranks: list[int] | None) -> None:
+        """Every gradient exactly zero for ``zero_steps`` steps: once per streak, a warning
+        in every mode (the steps themselves are not touched)."""
+        steps = record.zero_in_a_row
+        self.emit(
+            zero_event(type(optimizer).__name__, steps, ranks),
+            action="zero_gradient",
+            callsite=self._sites.site(optimizer),
+            remedy=ZERO_REMEDY,
+            steps=steps,
+            ranks=ranks,
+            optimizer=type(optimizer).__name__,
+        )
+
     def _arm_probe(self, site: str) -> None:
         passes = self.config["localize_steps"]
         if self.mode == "strict" or not passes:
@@ -157,14 +175,17 @@ class Findings:
             self._origin_unknown("the localiser failed (a guard_error event says why)")
         elif probe.origin is not None:
             op, line = probe.origin
+            known = advice(op, probe.frames)  # a library function's known singular point
+            within = f" in {known[0]}" if known else ""
             self.emit(
                 f"the first non-finite gradient came out of {op}, the backward of the "
-                f"forward operation on line {line}; seen by the optimizer step",
+                f"forward operation on line {line}{within}; seen by the optimizer step",
                 action="nonfinite_origin",
                 callsite=self._probe_site or self._sites.site(None),
-                remedy=ORIGIN_REMEDY,
+                remedy=known[1] if known else ORIGIN_REMEDY,
                 op=op,
                 forward=line,
+                within=known[0] if known else None,
             )
         elif probe.tainted:
             self._origin_unknown(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 
+from autograd_guard import _grad_zero as zero
 from autograd_guard._grad_check import PendingFlag
 from autograd_guard._grad_closure import ClosureFlow
 from autograd_guard._grad_dist import local_gradient, sharing_of
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from autograd_guard._environment import Mode
-    from autograd_guard._grad_check import FiniteCheck, Slot
+    from autograd_guard._grad_check import FiniteCheck, Probe, Slot
     from autograd_guard._grad_closure import Evaluation
     from autograd_guard._grad_compile import EagerHooks
     from autograd_guard._grad_dist import Sharing
@@ -50,6 +51,7 @@ class StepFlow(ClosureFlow):
     fail: Callable[[str, BaseException], None]
     _nonfinite: Callable[..., object]
     _report_lost: Callable[..., None]
+    _zero_streak: Callable[..., None]
     _probe_finished: Callable[..., None]
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -157,8 +159,12 @@ class StepFlow(ClosureFlow):
         slot = self._finite.slot(first.device) if plain else None
         if slot is not None and slot.deferred and self._lend_flag(optimizer, record, grads, slot):
             return RUN
-        if self._finite.all_finite(grads if plain else [local_gradient(g) for g in grads], slot):
+        local = grads if plain else [local_gradient(g) for g in grads]
+        flag = self._zero_probe(record, local) if sharing is None else None  # observe: alone
+        if self._finite.all_finite(local, slot, flag):
             record.in_a_row = 0
+            if flag is not None:
+                self._zero_counted(optimizer, record, zero.all_zero(record, local, flag))
             return RUN
         bad = [p for p in consumed if p.grad is not None]
         return self._nonfinite(optimizer, record, bad, gated=gated, evaluation=evaluation)
@@ -174,20 +180,41 @@ class StepFlow(ClosureFlow):
         evaluation: Evaluation | None,
     ) -> object:
         """Every rank of the group enters the exchange, whatever it found."""
-        local = False
+        local, word = False, zero.NO_GRADIENTS
         try:
-            local = bool(grads) and not self._finite.all_finite([local_gradient(g) for g in grads])
+            if grads:
+                values = [local_gradient(g) for g in grads]
+                flag = self._zero_probe(record, values)
+                local = not self._finite.all_finite(values, None, flag)
+                all_zero = not local and zero.all_zero(record, values, flag)
+                word = zero.ALL_ZERO if all_zero else zero.SOME_VALUE
         except Exception as exc:  # the exchange still happens: no rank is left waiting
             self.fail("step check", exc)
         device = grads[0].device if grads else None
-        ranks = sharing.exchange(local, device)
+        ranks, all_zero = sharing.exchange(local, device, word)
         if not ranks:
             record.in_a_row = 0
+            self._zero_counted(optimizer, record, all_zero, sharing)
             return RUN
         bad = [p for p in consumed if p.grad is not None] if local else []
         return self._nonfinite(
             optimizer, record, bad, gated=gated, sharing=sharing, ranks=ranks, evaluation=evaluation
         )
+
+    def _zero_probe(self, record: Record, grads: list[Any]) -> Probe | None:
+        """A probe for the zero-gradient streak; None when it is off or this step was
+        counted (a closure's later evaluation)."""
+        if not self.config["zero_steps"] or record.zero_step == record.step:
+            return None
+        return zero.probe(record, grads)
+
+    def _zero_counted(
+        self, optimizer: Any, record: Record, all_zero: bool, sharing: Sharing | None = None
+    ) -> None:
+        if zero.counts(record, all_zero, self.config["zero_steps"]) and (
+            sharing is None or sharing.first  # a group's finding: its first rank logs
+        ):
+            self._zero_streak(optimizer, record, sharing.ranks if sharing is not None else None)
 
     def _sharing(self, optimizer: Any, record: Record, params: list[Any]) -> Sharing | None:
         if record.shared_known != len(params):  # the first step, or add_param_group

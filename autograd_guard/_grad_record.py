@@ -1,5 +1,5 @@
 """What grad_health keeps per optimizer: the parameters still waiting for a first
-gradient, the non-finite steps in a row, and the step in progress.
+gradient, the non-finite (and the all-zero) steps in a row, and the step in progress.
 
 Records are keyed by ``id(optimizer)`` and dropped when the optimizer is collected, so an
 optimizer that defines ``__eq__`` (and so is unhashable) is checked like any other.
@@ -29,6 +29,7 @@ class Record:
         "in_a_row",
         "kind",
         "known",
+        "live",
         "lost_shapes",
         "pending",
         "shared_known",
@@ -39,6 +40,8 @@ class Record:
         "step",
         "trained",
         "waiting",
+        "zero_in_a_row",
+        "zero_step",
     )
 
     def __init__(self) -> None:
@@ -59,6 +62,9 @@ class Record:
         self.pending: collections.deque[tuple[int, PendingFlag]] = collections.deque()
         self.sharing: Sharing | None = None  # the ranks that decide this step together
         self.shared_known = -1  # parameters counted when ``sharing`` was found
+        self.live = 0  # the gradient probed for a value other than zero (_grad_zero)
+        self.zero_in_a_row = 0  # steps in a row whose every gradient was exactly zero
+        self.zero_step = -1  # the last step counted for that streak
 
     def lost(self, params: list[Any], window: int) -> list[Any]:
         """Parameters that got no gradient for ``window`` steps while others did (each
@@ -107,6 +113,7 @@ class Record:
         """Count a non-finite step; True when the run has just stalled, and again each
         time the stall's length doubles (a bounded rate)."""
         self.in_a_row += 1
+        self.zero_in_a_row = 0  # a non-finite step is not a zero one
         n = self.in_a_row
         return (
             bool(stall_steps)

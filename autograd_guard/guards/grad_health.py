@@ -27,7 +27,9 @@ fused optimizer are its to skip. After the first non-finite step, a few backward
 are recorded to name the backward op that first produced the value and the forward line
 that ran it. A parameter that gets no gradient over the first ``lost_steps`` steps while
 others do is a finding, named once; so is a run whose every step is non-finite for
-``stall_steps`` steps.
+``stall_steps`` steps, and one whose every gradient is exactly zero (finite, present, and
+0.0: a detached loss term, a hard silhouette, a mask of zeros, dead ReLUs) for
+``zero_steps`` steps (``_grad_zero``).
 """
 
 from __future__ import annotations
@@ -93,6 +95,15 @@ class GradHealth(StepFlow, Findings, Guard):
             "warn",
             "what a stall does: log an error (warn) or stop the run with a GuardError (raise)",
             choices=("warn", "raise"),
+        ),
+        "zero_steps": Option(
+            int,
+            20,
+            "optimizer steps in a row whose every gradient is exactly zero (none missing, "
+            "none non-finite) after which the run is said to learn nothing (a warning, once "
+            "per streak; checked with nonfinite; 0: off)",
+            minimum=0,
+            maximum=1_000_000,
         ),
     }
 

@@ -1,0 +1,96 @@
+"""grad_health's zero-gradient streak: every gradient an optimizer consumed was exactly
+zero, step after step, while the loss had a graph (``backward`` ran and made them).
+
+Symptom: the loss never moves and nothing says why; every gradient is a finite 0.0, so
+neither the non-finite check (a value that is not finite), nor the lost-gradient check (a
+gradient that is missing: ``None``), nor ``training_stalled`` (non-finite steps in a row)
+has anything to say. Seen with PyTorch3D's silhouettes rendered hard (``blur_radius=0``
+and a ``sigma`` near 0: the sigmoid saturates to exactly 1 inside faces and 0 outside), a
+term computed on detached values, a loss mask that is all zero, a ReLU network whose units
+have all died. Any library, any torch version.
+Remedy: said once per streak (``zero_steps`` steps in a row, a warning in every mode:
+the step is not touched), with what to check.
+
+Cost: one ``any()`` of one gradient per step (the one last seen holding a value other
+than zero), read with the non-finite flag on CUDA (one sync for both); only a step whose
+probed gradient is all zero reads every gradient (one sync per device), and remembers
+which one was not.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from autograd_guard._grad_check import Probe, gradient_values
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from autograd_guard._grad_record import Record
+
+ZERO_REMEDY = (
+    "check that the loss reaches the parameters through ops with a gradient: a term "
+    "computed on detached values (.detach(), .item(), .data, NumPy) plus a zero-weighted "
+    "one; an op whose gradient is zero almost everywhere (round, argmax, a hard threshold, "
+    "a hard silhouette: PyTorch3D's SoftSilhouetteShader with blur_radius=0 and sigma near "
+    "0, where blur_radius around log(1/1e-4 - 1) * sigma and sigma around 1e-4 give "
+    "gradients); a loss mask or weight that is all zero; a ReLU network whose units are all "
+    "dead (a lower learning rate, another initialisation, LeakyReLU). A margin or hinge "
+    "loss that every sample already satisfies is zero by design (zero_steps = 0 turns this "
+    "off)"
+)
+
+# A rank's word in a group's exchange (``Sharing.exchange``)
+NO_GRADIENTS, SOME_VALUE, ALL_ZERO = 0.0, 1.0, 2.0
+
+
+def probe(record: Record, grads: list[Any]) -> Probe | None:
+    """A flag for the gradient last seen holding a value other than zero (None for
+    tensors that hold no values: meta, fake)."""
+    torch = sys.modules["torch"]
+    grad = grads[record.live if record.live < len(grads) else 0]
+    if type(grad) is not torch.Tensor or grad.is_meta:
+        return None
+    return Probe(grad)
+
+
+def all_zero(record: Record, grads: list[Any], flag: Probe | None) -> bool:
+    """Every value of every gradient in ``grads`` (not empty, all finite) is exactly zero;
+    the probe is read first, the rest only when it is all zero."""
+    if flag is None or flag.read():
+        return False
+    torch = sys.modules["torch"]
+    by_device: dict[Any, list[int]] = {}
+    for index, grad in enumerate(grads):
+        if type(grad) is not torch.Tensor or grad.is_meta:
+            return False  # no values to read: never said to be zero
+        by_device.setdefault(grad.device, []).append(index)
+    nonzero: list[int] = []
+    for indices in by_device.values():
+        flags = torch.stack([gradient_values(torch, grads[i]).any() for i in indices])
+        nonzero += [i for i, value in zip(indices, flags.tolist(), strict=True) if value]
+    if not nonzero:
+        return True
+    record.live = min(nonzero, key=lambda i: grads[i].numel())  # the cheapest to probe
+    return False
+
+
+def counts(record: Record, zero: bool, steps: int) -> bool:
+    """Count this step (once, however many closure evaluations it has); True when a
+    streak of ``steps`` all-zero steps has just been reached."""
+    if record.zero_step == record.step:
+        return False
+    record.zero_step = record.step
+    record.zero_in_a_row = record.zero_in_a_row + 1 if zero else 0
+    return bool(steps) and record.zero_in_a_row == steps
+
+
+def event(kind: str, steps: int, ranks: list[int] | None) -> str:
+    where = f" on every rank of its group ({', '.join(map(str, ranks))})" if ranks else ""
+    return (
+        f"every gradient this {kind} consumed{where} was exactly zero for {steps} optimizer "
+        "steps in a row (none missing, none non-finite): the loss gives the weights no "
+        "direction, so it cannot go down (the weights move, if at all, by momentum or "
+        "weight decay only)"
+    )

@@ -1,0 +1,133 @@
+"""grad_health's zero_gradient finding: every gradient exactly zero for ``zero_steps``
+optimizer steps in a row, told apart from missing gradients (lost_gradient), non-finite
+ones and steps without gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autograd_guard
+from autograd_guard._state import STATE
+from autograd_guard.testing import capture_events
+
+
+def loop(steps: int, scale=lambda step: 0.0, optimizer=torch.optim.Adam, **policy):
+    """Two parameters whose loss is scaled by ``scale(step)``: 0.0 gives a graph whose
+    every gradient is exactly zero."""
+    autograd_guard.install({"guards": {"grad_health": policy}} if policy else {})
+    w, b = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(2))
+    opt = optimizer([w, b], lr=0.1)
+    with capture_events() as events:
+        for step in range(steps):
+            opt.zero_grad()
+            ((w * scale(step)).sum() + (b * scale(step)).sum()).backward()
+            opt.step()
+    return [e for e in events if e["action"] != "summary"]
+
+
+def test_all_zero_gradients_are_said_once_the_streak_is_reached_and_not_before():
+    assert loop(19) == []
+    [event] = loop(20)
+    assert event["action"] == "zero_gradient" and event["level"] == "warning"
+    assert event["steps"] == 20 and event["optimizer"] == "Adam"
+    assert "exactly zero for 20 optimizer steps in a row" in event["event"]
+    assert "detached" in event["remedy"] and "blur_radius" in event["remedy"]
+    assert event["callsite"].startswith(__file__)
+
+
+def test_one_event_per_streak_and_a_new_streak_after_a_gradient():
+    assert [e["steps"] for e in loop(60)] == [20]
+    autograd_guard.uninstall()
+    STATE.reset()
+    [event] = loop(50, scale=lambda step: 1.0 if step == 25 else 0.0)
+    # steps 0-19, then 26-45: the second streak at this call site is counted, not logged
+    assert STATE.counts[("grad_health", "zero_gradient", event["callsite"])] == 2
+
+
+@pytest.mark.parametrize("scale", [1e-30, -1e-38])
+def test_tiny_gradients_are_not_zero(scale):
+    assert loop(40, scale=lambda step: scale) == []
+
+
+def test_one_parameter_with_a_gradient_is_enough():
+    autograd_guard.install({})
+    frozen, live = torch.nn.Parameter(torch.ones(100)), torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([frozen, live], lr=0.1)
+    with capture_events() as events:
+        for step in range(40):
+            opt.zero_grad()
+            # which one carries the gradient changes: the probed one is found again
+            ((frozen * (step % 3 == 0)).sum() + (live * (step % 3 != 0)).sum()).backward()
+            opt.step()
+    assert events == []
+
+
+def test_a_relu_network_whose_units_are_all_dead():
+    autograd_guard.install({})
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU())
+    with torch.no_grad():
+        model[0].bias.fill_(-100.0)  # every pre-activation negative
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    with capture_events() as events:
+        for _ in range(20):
+            opt.zero_grad()
+            model(torch.rand(16, 3)).sum().backward()
+            opt.step()
+    assert [e["action"] for e in events] == ["zero_gradient"]
+
+
+def test_steps_without_gradients_and_non_finite_steps_are_not_zero_steps():
+    def scale(step: int) -> float:
+        return float("nan") if step % 10 == 9 else 0.0  # every tenth step is not finite
+
+    actions = {e["action"] for e in loop(40, scale=scale)}
+    assert actions == {"nonfinite_gradient", "nonfinite_origin"}  # no zero_gradient
+    autograd_guard.install({})
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    with capture_events() as events:
+        for _ in range(30):
+            opt.zero_grad()  # no backward: no gradient at all
+            opt.step()
+    assert events == []
+
+
+def test_zero_steps_sets_the_streak_and_zero_turns_it_off():
+    assert [e["steps"] for e in loop(12, zero_steps=5)] == [5]
+    assert loop(40, zero_steps=0) == []
+
+
+@pytest.mark.parametrize("mode", ["observe", "strict"])
+def test_every_mode_warns_and_lets_the_steps_run(mode):
+    autograd_guard.install({"mode": mode, "guards": {"grad_health": {"zero_steps": 3}}})
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1, weight_decay=0.5)
+    with capture_events() as events:
+        for _ in range(4):
+            opt.zero_grad()
+            (w * 0).sum().backward()
+            opt.step()
+    assert torch.allclose(w.detach(), torch.full((2,), 0.95**4))  # weight decay moved it
+    assert [(e["action"], e["level"]) for e in events] == [("zero_gradient", "warning")]
+
+
+def test_a_closure_step_counts_once_however_many_evaluations():
+    autograd_guard.install({"guards": {"grad_health": {"zero_steps": 4}}})
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    def closure():
+        opt.zero_grad()
+        loss = (w * 0).sum()
+        loss.backward()
+        return loss
+
+    with capture_events() as events:
+        for _ in range(3):
+            opt.step(closure)
+    assert events == []
+    with capture_events() as events:
+        opt.step(closure)
+    assert [e["steps"] for e in events] == [4]
