@@ -82,9 +82,10 @@ class PyTorch3DBinOverflow(Guard):
     }
 
     def _needed(self) -> bool:
-        # Only the compiled extension has these functions (a stand-in module has none).
+        # Only the compiled extension has these functions: an extension module imported
+        # without them (a stand-in for PyTorch3D's Python code alone) has nothing to wrap.
         extension = sys.modules.get("pytorch3d._C")
-        return self.is_affected() and hasattr(extension, "rasterize_meshes")
+        return self.is_affected() and (extension is None or hasattr(extension, "rasterize_meshes"))
 
     def binned(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Coarse-to-fine on CUDA: ``bin_size`` and the bin capacity both positive (the
