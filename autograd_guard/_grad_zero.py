@@ -11,10 +11,10 @@ have all died. Any library, any torch version.
 Remedy: said once per streak (``zero_steps`` steps in a row, a warning in every mode:
 the step is not touched), with what to check.
 
-Cost: one ``any()`` of one gradient per step (the one last seen holding a value other
-than zero), read with the non-finite flag on CUDA (one sync for both); only a step whose
-probed gradient is all zero reads every gradient (one sync per device), and remembers
-which one was not.
+Cost: one ``count_nonzero`` of one gradient per step (the smallest, or the smallest last
+seen holding a value other than zero), read with the non-finite flag on CUDA (one sync
+for both); only a step whose probed gradient is all zero reads every gradient (one sync
+per device), and remembers which one was not.
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ def probe(record: Record, grads: list[Any]) -> Probe | None:
     """A flag for the gradient last seen holding a value other than zero (None for
     tensors that hold no values: meta, fake)."""
     torch = sys.modules["torch"]
-    grad = grads[record.live if record.live < len(grads) else 0]
+    if not 0 <= record.live < len(grads):  # the first step (or fewer gradients): the smallest
+        record.live = min(range(len(grads)), key=lambda i: grads[i].numel())
+    grad = grads[record.live]
     if type(grad) is not torch.Tensor or grad.is_meta:
         return None
     return Probe(grad)
@@ -68,7 +70,9 @@ def all_zero(record: Record, grads: list[Any], flag: Probe | None) -> bool:
         by_device.setdefault(grad.device, []).append(index)
     nonzero: list[int] = []
     for indices in by_device.values():
-        flags = torch.stack([gradient_values(torch, grads[i]).any() for i in indices])
+        flags = torch.stack(
+            [torch.count_nonzero(gradient_values(torch, grads[i])) for i in indices]
+        )
         nonzero += [i for i, value in zip(indices, flags.tolist(), strict=True) if value]
     if not nonzero:
         return True
