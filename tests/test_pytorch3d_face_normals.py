@@ -156,11 +156,13 @@ def test_guarded_meshes_get_the_right_gradient_and_the_same_values():
     mesh = Meshes(verts=[v], faces=[faces])
     with capture_events() as events:
         normals, areas = mesh.faces_normals_packed(), mesh.faces_areas_packed()
-    ((normals.double() * weights[0]).sum() + (areas.double() * weights[1]).sum()).backward()
+        assert events == []  # said in backward(), where the normals get their gradient
+        ((normals.double() * weights[0]).sum() + (areas.double() * weights[1]).sum()).backward()
     assert relative_error(v.grad, reference) < 1e-6
     assert torch.equal(areas, unguarded[0]) and torch.equal(normals, unguarded[1])
     [event] = events
     assert event["action"] == "redirect" and event["faces"] == faces.shape[0]
+    assert "normals was corrected" in event["event"]
     assert event["target"] == PLACE and event["version"] == "0.7.9.post1"
     assert event["callsite"].startswith(__file__)
     assert event["dtype"] == "torch.float64" and event["device"] == "cpu"
@@ -173,9 +175,15 @@ def test_one_event_per_call_site_and_every_entry_point_is_guarded():
     assert module.mesh_face_areas_normals.__wrapped__ is ORIGINAL
     with capture_events() as events:
         for _ in range(3):
-            pytorch3d.ops.mesh_face_areas_normals(verts.clone().requires_grad_(), faces)
-        module.mesh_face_areas_normals(verts=verts.clone().requires_grad_(), faces=faces)
+            pytorch3d.ops.mesh_face_areas_normals(verts.clone().requires_grad_(), faces)[
+                1
+            ].sum().backward()
+        module.mesh_face_areas_normals(verts=verts.clone().requires_grad_(), faces=faces)[
+            1
+        ].sum().backward()
     assert [e["action"] for e in events] == ["redirect", "redirect"]  # two lines, two events
+    assert events[0]["callsite"] != events[1]["callsite"]
+    assert all(e["callsite"].startswith(__file__) for e in events)  # the forward's lines
 
 
 @pytest.mark.parametrize("mode", ["fix", "strict"])
@@ -210,16 +218,26 @@ def test_bad_input_gets_the_library_s_own_errors():
     assert events == []
 
 
-def test_strict_raises_before_the_kernel_runs(monkeypatch):
+def test_strict_raises_from_backward_where_the_normals_get_a_gradient(monkeypatch):
     autograd_guard.install("strict")
     entered = []
     kernel = module._C.face_areas_normals_forward
     monkeypatch.setattr(module._C, "face_areas_normals_forward", _spy(kernel, entered))
     verts, faces = noisy_sphere(1)
-    mesh = Meshes(verts=[verts.clone().requires_grad_()], faces=[faces])
-    with pytest.raises(autograd_guard.GuardError, match="pytorch3d_face_normals"):
-        mesh.faces_normals_packed()
-    assert entered == []
+    v = verts.clone().requires_grad_()
+    mesh = Meshes(verts=[v], faces=[faces])
+    with capture_events() as events:
+        normals = mesh.faces_normals_packed()  # no error yet: the bug bites in backward
+        loss = normals.sum() + mesh.faces_areas_packed().sum()
+        with pytest.raises(autograd_guard.GuardError, match="pytorch3d_face_normals") as raised:
+            loss.backward()
+    assert "normals received a gradient" in str(raised.value)
+    assert v.grad is None and entered == []  # no gradient reached the vertices
+    [event] = events
+    assert event["level"] == "error" and event["callsite"].startswith(__file__)
+    # the same object the guard raised, its traceback the user's frames, torch's, one of ours
+    frames = [str(entry.path) for entry in raised.traceback]
+    assert frames[0] == __file__ and sum("autograd_guard" in f for f in frames) == 1
 
 
 def test_observe_names_the_call_and_changes_nothing():
@@ -231,6 +249,69 @@ def test_observe_names_the_call_and_changes_nothing():
         observed = gradient(pytorch3d.ops.mesh_face_areas_normals, verts, faces, weights)
     assert torch.equal(observed, unguarded)
     assert [e["action"] for e in events] == ["redirect"] and events[0]["mode"] == "observe"
+    assert "normals received a gradient" in events[0]["event"]
+
+
+def areas_only_uses(verts, faces):
+    """Correct code: the normals get no gradient (or an all-zero one); the areas' is right."""
+    areas, normals = pytorch3d.ops.mesh_face_areas_normals(verts, faces)
+    yield areas.sum()
+    areas, normals = pytorch3d.ops.mesh_face_areas_normals(verts, faces)
+    yield areas.sum() + (normals.detach() ** 2).sum()  # normals used without grad
+    areas, normals = pytorch3d.ops.mesh_face_areas_normals(verts, faces)
+    yield areas.sum() + (normals * 0).sum()  # an all-zero gradient
+    mesh = Meshes(verts=[verts], faces=[faces])
+    mesh.faces_normals_packed()  # computed alongside, never used
+    yield mesh.faces_areas_packed().pow(2).sum()
+
+
+@pytest.mark.parametrize("mode", ["fix", "observe", "strict"])
+def test_areas_only_is_silent_with_the_library_s_gradient(mode):
+    verts, faces = noisy_sphere(2)
+    v = verts.clone().requires_grad_()
+    expected = [torch.autograd.grad(loss, v)[0] for loss in areas_only_uses(v, faces)]
+    autograd_guard.install({"mode": mode})
+    with capture_events() as events:
+        v = verts.clone().requires_grad_()
+        got = [torch.autograd.grad(loss, v)[0] for loss in areas_only_uses(v, faces)]
+    assert events == []
+    for ours, theirs in zip(got, expected, strict=True):
+        assert relative_error(ours, theirs) < 1e-6 and ours.abs().sum() > 0
+
+
+def test_twice_differentiable_when_guarded():
+    verts, faces = noisy_sphere(1)
+    weights = weights_for(faces)
+    direction = torch.randn_like(verts)
+    v = verts.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(loss_of(float64_maths, v, faces, weights), v, create_graph=True)
+    (expected,) = torch.autograd.grad((grad * direction).sum(), v)
+    autograd_guard.install()
+    with capture_events() as events:
+        loss = loss_of(pytorch3d.ops.mesh_face_areas_normals, v, faces, weights)
+        (grad,) = torch.autograd.grad(loss, v, create_graph=True)
+        (hessian_direction,) = torch.autograd.grad((grad * direction).sum(), v)
+    assert relative_error(hessian_direction, expected) < 1e-4  # float32 against float64
+    assert [e["action"] for e in events] == ["redirect"]
+
+
+def test_a_compiled_caller_gets_the_fixed_gradient():
+    verts, faces = noisy_sphere(1)
+    weights = weights_for(faces)
+    reference = gradient(float64_maths, verts, faces, weights)
+    autograd_guard.install()
+
+    @torch.compile(backend="eager")
+    def loss(v):
+        return loss_of(pytorch3d.ops.mesh_face_areas_normals, v, faces, weights)
+
+    torch._dynamo.reset()
+    with capture_events() as events:
+        for _ in range(2):
+            v = verts.clone().requires_grad_()
+            loss(v).backward()
+            assert relative_error(v.grad, reference) < 1e-6
+    assert [e["action"] for e in events] == ["redirect"]
 
 
 def test_uninstall_restores_the_library():

@@ -18,12 +18,18 @@ Upstream: none filed; the kernel source is linked below.
 Remedy: a call whose vertices need a gradient (they require grad and grad mode is on) is
 sent down ``face_areas_normals`` below: plain torch, the kernel's float32 arithmetic in its
 order (bit-identical on the CPU), differentiable twice; every other call runs the library.
+The bug bites only where the normals receive a gradient: a hook on the normals decides in
+``backward()``, so a call whose normals get none (only the areas are used, or the normals
+only without grad) or an all-zero one logs nothing. ``fix`` logs the corrected gradient
+once per call site; ``observe`` runs the library and names the call; ``strict`` raises
+from ``backward()`` (the plain torch path ran: no wrong gradient reaches the vertices).
 """
 
 from __future__ import annotations
 
 import sys
 
+from autograd_guard.errors import GuardError, drop_own_frames
 from autograd_guard.guard import Call, Guard, Target, argument
 
 TYPE_CHECKING = False
@@ -36,6 +42,15 @@ KERNEL = (
     "https://github.com/facebookresearch/pytorch3d/blob/main/"
     "pytorch3d/csrc/face_areas_normals/face_areas_normals_cpu.cpp"
 )
+# What the guard says when the normals receive a gradient, by mode.
+EVENTS = {
+    "fix": "the gradient through mesh_face_areas_normals' normals was corrected (plain "
+    "torch): the compiled backward's is wrong",
+    "observe": "mesh_face_areas_normals' normals received a gradient, which the compiled "
+    "backward gets wrong",
+    "strict": "mesh_face_areas_normals' normals received a gradient, which the compiled "
+    "backward gets wrong",
+}
 
 
 def face_areas_normals(
@@ -104,16 +119,42 @@ class PyTorch3DFaceNormals(Guard):
 
     def handle(self, call: Call) -> Any:
         verts, faces = call.argument("verts", 0), call.argument("faces", 1)
-        fix = self.report(
-            call,
-            "redirect",
-            "mesh_face_areas_normals sent down plain torch: the compiled backward's "
-            "gradient through the normals is wrong",
-            faces=int(faces.shape[0]),
-            dtype=str(verts.dtype),
-            device=str(verts.device),
-        )
-        return face_areas_normals(verts, faces) if fix else call.proceed()
+        # The forward is the library's, bit for bit: only observe runs the library itself.
+        result = call.proceed() if self.mode == "observe" else face_areas_normals(verts, faces)
+        fields = {
+            "target": str(call.target),
+            "faces": int(faces.shape[0]),
+            "dtype": str(verts.dtype),
+            "device": str(verts.device),
+        }
+        self._watch(result[1], call.callsite, fields)
+        return result
+
+    def _watch(self, normals: torch.Tensor, callsite: str, fields: dict[str, Any]) -> None:
+        """Decide in ``backward()``: the gradient is wrong only where the normals get one.
+        The hook holds the call site captured now, not the normals (no reference cycle)."""
+
+        def autograd_guard_hook(grad: torch.Tensor | None) -> None:
+            try:
+                if grad is not None and _nonzero(grad):
+                    self.report(callsite, "redirect", EVENTS[self.mode], **fields)
+            except GuardError as strict:
+                drop_own_frames(strict)  # this raise adds back one: its own
+                raise strict  # autograd-guard strict: the message says why
+            except Exception as exc:
+                self.fail("backward", exc)
+
+        if normals.requires_grad:  # always here; register_hook raises on one without
+            normals.register_hook(autograd_guard_hook)  # type: ignore[no-untyped-call]
+
+
+def _nonzero(grad: torch.Tensor) -> bool:
+    """Whether any entry of the normals' gradient is nonzero (one sync on an accelerator);
+    True where that cannot be read (under ``torch.func.vmap``): the bug may bite there."""
+    try:
+        return bool(grad.any())
+    except RuntimeError:
+        return True
 
 
 GUARD = PyTorch3DFaceNormals
