@@ -131,3 +131,75 @@ def test_a_closure_step_counts_once_however_many_evaluations():
     with capture_events() as events:
         opt.step(closure)
     assert [e["steps"] for e in events] == [4]
+
+
+GROUP = """
+import os, sys, torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+class Net(torch.nn.Module):
+    def __init__(self, live):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.live = live  # ddp: every gradient zero; zero: b's is not
+
+    def forward(self, x):
+        return self.a(x).sum() * 0 + self.b(x).sum() * self.live  # a's gradient is zero
+
+def worker(rank, port, log, kind):
+    os.environ.update(RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    import autograd_guard
+    autograd_guard.install({"log": log, "guards": {"grad_health": {"zero_steps": 3}}})
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(Net(float(kind == "zero")))
+    if kind == "zero":  # one parameter per rank: only one rank's shard is all zero
+        optimizer = ZeroRedundancyOptimizer(
+            [model.module.a.weight, model.module.b.weight], torch.optim.SGD, lr=0.1
+        )
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(5):
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).backward()
+        optimizer.step()
+    dist.barrier()
+    os._exit(0)  # leaves before gloo's teardown, which aborts on some runs
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=tuple(sys.argv[1:4]), nprocs=2)
+"""
+
+
+def group_run(tmp_path, kind: str) -> list[dict]:
+    import json
+    import socket
+    import sys
+
+    from helpers import run_python
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "group.py").write_text(GROUP)
+    log = tmp_path / f"{kind}.jsonl"
+    code = (
+        f"import runpy, sys; sys.argv = ['group.py', '{port}', {str(log)!r}, {kind!r}]; "
+        "runpy.run_path('group.py', run_name='__main__')"
+    )
+    run_python(sys.executable, code, tmp_path, PYTHONPATH=":".join(sys.path))
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [e for e in map(json.loads, lines) if e["action"] == "zero_gradient"]
+
+
+def test_ddp_ranks_decide_together_and_the_first_logs(tmp_path):
+    [event] = group_run(tmp_path, "ddp")
+    assert event["rank"] == 0 and event["ranks"] == [0, 1] and event["steps"] == 3
+
+
+def test_a_zero_shard_on_one_rank_is_not_the_group_s_finding(tmp_path):
+    """ZeRO: rank 1 consumes only a's gradient (zero), rank 0 only b's (not): the words
+    ride the step's all-reduce, so neither rank says every gradient was zero."""
+    assert group_run(tmp_path, "zero") == []
