@@ -207,17 +207,21 @@ _COMPILER_MODULES = ("torch._dynamo.", "torch.fx.", "torch._functorch.")
 
 
 class PendingFlag:
-    """A step's device flag, read once it is ready, never by waiting for it."""
+    """A step's device flag (and the zero-gradient probe's count, if any), read once they
+    are ready, never by waiting for them."""
 
     __slots__ = ("event", "host")
 
-    def __init__(self, flag: Any) -> None:
+    def __init__(self, flag: Any, probe: Probe | None = None) -> None:
         torch = sys.modules["torch"]
         self.event = None
-        self.host = flag
+        values = flag.reshape(1)
+        if probe is not None:
+            values = torch.cat((values, probe.flag.reshape(1).to(flag.dtype)))
+        self.host = values
         if flag.device.type == "cuda":
-            self.host = torch.empty(1, pin_memory=True)
-            self.host.copy_(flag, non_blocking=True)
+            self.host = torch.empty(values.numel(), pin_memory=True)
+            self.host.copy_(values, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
 
@@ -225,7 +229,11 @@ class PendingFlag:
         return self.event is None or bool(self.event.query())
 
     def nonfinite(self) -> bool:
-        return bool(self.host.item())
+        return bool(self.host[0].item())
+
+    def probed_zero(self) -> bool:
+        """The probed gradient held only zeros (False where nothing was probed)."""
+        return self.host.numel() > 1 and not self.host[1].item()
 
 
 def wrapper_modules() -> tuple[type, ...]:

@@ -17,6 +17,7 @@ from autograd_guard._grad_closure import ClosureFlow
 from autograd_guard._grad_dist import local_gradient, sharing_of
 from autograd_guard._grad_gate import CLOSURE, RUN, SKIP
 from autograd_guard._grad_step import closure_of, params_of
+from autograd_guard._grad_zero import ZeroFlow
 from autograd_guard.errors import GuardError
 
 TYPE_CHECKING = False
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from autograd_guard._environment import Mode
-    from autograd_guard._grad_check import FiniteCheck, Probe, Slot
+    from autograd_guard._grad_check import FiniteCheck, Slot
     from autograd_guard._grad_closure import Evaluation
     from autograd_guard._grad_compile import EagerHooks
     from autograd_guard._grad_dist import Sharing
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from autograd_guard._grad_words import StepSites
 
 
-class StepFlow(ClosureFlow):
+class StepFlow(ZeroFlow, ClosureFlow):
     """What runs at each optimizer step (``GradHealth`` provides the state and reports)."""
 
     active: bool
@@ -51,7 +52,6 @@ class StepFlow(ClosureFlow):
     fail: Callable[[str, BaseException], None]
     _nonfinite: Callable[..., object]
     _report_lost: Callable[..., None]
-    _zero_streak: Callable[..., None]
     _probe_finished: Callable[..., None]
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -157,8 +157,10 @@ class StepFlow(ClosureFlow):
         first = grads[0]
         plain = type(first) is sys.modules["torch"].Tensor  # not fake tensors and the like
         slot = self._finite.slot(first.device) if plain else None
-        if slot is not None and slot.deferred and self._lend_flag(optimizer, record, grads, slot):
-            return RUN
+        if slot is not None and slot.deferred:
+            self._zero_suspected(optimizer, record, grads)
+            if self._lend_flag(optimizer, record, grads, slot):
+                return RUN
         local = grads if plain else [local_gradient(g) for g in grads]
         flag = self._zero_probe(record, local) if sharing is None else None  # observe: alone
         if self._finite.all_finite(local, slot, flag):
@@ -201,21 +203,6 @@ class StepFlow(ClosureFlow):
             optimizer, record, bad, gated=gated, sharing=sharing, ranks=ranks, evaluation=evaluation
         )
 
-    def _zero_probe(self, record: Record, grads: list[Any]) -> Probe | None:
-        """A probe for the zero-gradient streak; None when it is off or this step was
-        counted (a closure's later evaluation)."""
-        if not self.config["zero_steps"] or record.zero_step == record.step:
-            return None
-        return zero.probe(record, grads)
-
-    def _zero_counted(
-        self, optimizer: Any, record: Record, all_zero: bool, sharing: Sharing | None = None
-    ) -> None:
-        if zero.counts(record, all_zero, self.config["zero_steps"]) and (
-            sharing is None or sharing.first  # a group's finding: its first rank logs
-        ):
-            self._zero_streak(optimizer, record, sharing.ranks if sharing is not None else None)
-
     def _sharing(self, optimizer: Any, record: Record, params: list[Any]) -> Sharing | None:
         if record.shared_known != len(params):  # the first step, or add_param_group
             record.shared_known = len(params)
@@ -253,6 +240,7 @@ class StepFlow(ClosureFlow):
             step, pending = record.pending.popleft()
             if not pending.nonfinite():
                 record.in_a_row = 0
+                record.suspect = record.suspect or pending.probed_zero()
             elif step == record.step:  # read in its own step: its gradients are current
                 params = [p for p in params_of(optimizer) if p.grad is not None]
                 self._nonfinite(optimizer, record, params, on_device=True)
@@ -286,7 +274,8 @@ class StepFlow(ClosureFlow):
             return False
         if lend:
             optimizer.found_inf = record.flag = flag
-        record.pending.append((record.step, PendingFlag(flag)))
+        probe = self._zero_probe(record, grads) if not record.suspect else None
+        record.pending.append((record.step, PendingFlag(flag, probe)))
         return True
 
 

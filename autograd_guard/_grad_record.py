@@ -38,6 +38,7 @@ class Record:
         "skipped",
         "stale",
         "step",
+        "suspect",
         "trained",
         "waiting",
         "zero_in_a_row",
@@ -65,6 +66,7 @@ class Record:
         self.live = -1  # the gradient probed for a value other than zero (_grad_zero)
         self.zero_in_a_row = 0  # steps in a row whose every gradient was exactly zero
         self.zero_step = -1  # the last step counted for that streak
+        self.suspect = False  # a probe read late said zero: read every gradient at once
 
     def lost(self, params: list[Any], window: int) -> list[Any]:
         """Parameters that got no gradient for ``window`` steps while others did (each

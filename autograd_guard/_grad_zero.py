@@ -14,7 +14,10 @@ the step is not touched), with what to check.
 Cost: one ``count_nonzero`` of one gradient per step (the smallest, or the smallest last
 seen holding a value other than zero), read with the non-finite flag on CUDA (one sync
 for both); only a step whose probed gradient is all zero reads every gradient (one sync
-per device), and remembers which one was not.
+per device), and remembers which one was not. Where the flag is left on the device (a
+fused optimizer lent it, observe on CUDA) the probe travels with it and is read when it
+is ready; one that reads zero makes the next steps read every gradient (a sync each)
+until one is not zero.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from autograd_guard._grad_check import Probe, gradient_values
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
+    from autograd_guard._grad_dist import Sharing
     from autograd_guard._grad_record import Record
 
 ZERO_REMEDY = (
@@ -98,3 +103,34 @@ def event(kind: str, steps: int, ranks: list[int] | None) -> str:
         "direction, so it cannot go down (the weights move, if at all, by momentum or "
         "weight decay only)"
     )
+
+
+class ZeroFlow:
+    """The zero-gradient half of ``StepFlow`` (``GradHealth`` reports)."""
+
+    config: dict[str, Any]
+    _zero_streak: Callable[..., None]
+
+    def _zero_probe(self, record: Record, grads: list[Any]) -> Probe | None:
+        """A probe for the streak; None when it is off or this step was counted (a
+        closure's later evaluation)."""
+        if not self.config["zero_steps"] or record.zero_step == record.step:
+            return None
+        return probe(record, grads)
+
+    def _zero_counted(
+        self, optimizer: Any, record: Record, zero: bool, sharing: Sharing | None = None
+    ) -> None:
+        if counts(record, zero, self.config["zero_steps"]) and (
+            sharing is None or sharing.first  # a group's finding: its first rank logs
+        ):
+            self._zero_streak(optimizer, record, sharing.ranks if sharing is not None else None)
+
+    def _zero_suspected(self, optimizer: Any, record: Record, grads: list[Any]) -> None:
+        """A flag left on the device: a step after one whose probe read zero reads every
+        gradient now (a sync), until one is not zero."""
+        if record.suspect:
+            flag = self._zero_probe(record, grads)
+            record.suspect = flag is not None and all_zero(record, grads, flag)
+            if flag is not None:
+                self._zero_counted(optimizer, record, record.suspect)

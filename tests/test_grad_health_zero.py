@@ -12,10 +12,10 @@ from autograd_guard._state import STATE
 from autograd_guard.testing import capture_events
 
 
-def loop(steps: int, scale=lambda step: 0.0, optimizer=torch.optim.Adam, **policy):
+def loop(steps: int, scale=lambda step: 0.0, optimizer=torch.optim.Adam, mode="fix", **policy):
     """Two parameters whose loss is scaled by ``scale(step)``: 0.0 gives a graph whose
     every gradient is exactly zero."""
-    autograd_guard.install({"guards": {"grad_health": policy}} if policy else {})
+    autograd_guard.install({"mode": mode, "guards": {"grad_health": policy}})
     w, b = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(2))
     opt = optimizer([w, b], lr=0.1)
     with capture_events() as events:
@@ -131,6 +131,61 @@ def test_a_closure_step_counts_once_however_many_evaluations():
     with capture_events() as events:
         opt.step(closure)
     assert [e["steps"] for e in events] == [4]
+
+
+def fused_adam(params, lr):
+    return torch.optim.Adam(params, lr=lr, fused=True)
+
+
+def fused_cpu_supported() -> bool:
+    try:
+        fused_adam([torch.nn.Parameter(torch.ones(1))], 0.1)
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("mode", "optimizer"),
+    [
+        ("observe", torch.optim.Adam),
+        pytest.param(
+            "fix",
+            fused_adam,
+            marks=pytest.mark.skipif(not fused_cpu_supported(), reason="no fused Adam on CPU"),
+        ),
+    ],
+)
+def test_a_flag_left_on_the_device_carries_the_probe(monkeypatch, mode, optimizer):
+    """The CUDA path on the CPU: the flag is lent (fix, fused) or read later (observe),
+    the probe with it; a probe that read zero makes the next steps read every gradient."""
+    from autograd_guard import _grad_check
+
+    monkeypatch.setattr(_grad_check, "DEFERRED_DEVICE_TYPES", {"cpu", "cuda"})
+    [event] = loop(30, optimizer=optimizer, mode=mode, zero_steps=5)
+    assert event["action"] == "zero_gradient" and event["steps"] == 5
+    assert loop(30, scale=lambda step: 1e-30, optimizer=optimizer, mode=mode) == []
+    events = loop(30, scale=lambda step: float(step % 4 == 0), optimizer=optimizer, mode=mode)
+    assert events == []  # three zero steps at most, then a gradient
+
+
+def test_on_cuda_the_probe_is_read_with_the_finite_flag(monkeypatch):
+    """One read for both: the fused check on a CUDA slot (its device faked) fills in the
+    probe's answer, so that no second read is made."""
+    from autograd_guard._grad_check import FiniteCheck, Probe
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    check, grads = FiniteCheck(), [torch.zeros(3), torch.ones(2)]
+    slot = check.slot(grads[0].device)
+    if not slot.kernel:
+        pytest.skip(f"torch {torch.__version__} has no fused non-finite check on the CPU")
+    slot.cuda = True
+    zero, live = Probe(grads[0]), Probe(grads[1])
+    assert check.all_finite(grads, slot, zero) and zero.nonzero is False
+    assert check.all_finite(grads, slot, live) and live.nonzero is True
+    grads[1][0] = float("inf")
+    assert not check.all_finite(grads, slot, Probe(grads[1]))
+    assert check.all_finite(grads[:1], slot)  # the flag was cleared after the read
 
 
 GROUP = """
