@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from benchtable import Row, print_table
 
-from autograd_guard import _dynamo_frames, _policy
+from autograd_guard import _dynamo_frames, _events, _policy
 from autograd_guard._guard import Guard, Target
 from autograd_guard._proxies import guarded_function
 from autograd_guard.guards import available
@@ -138,6 +138,7 @@ def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:
         mesh_face_areas_normals,
         (torch.ones(4, 3), faces),
     )
+    rows += face_normals_grad_rows(calls, blocks)
     rows += pytorch3d_rows(add, calls, blocks, goal)
 
     def launch(
@@ -285,6 +286,45 @@ def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:
         (tensor,),
     )
     add_method("grad_mode method obj.stage(x), grad on, torch._dynamo imported")
+    return rows
+
+
+def face_normals_grad_rows(calls: int, blocks: int) -> list[Row]:
+    """pytorch3d_face_normals where the vertices need a gradient: fix mode runs the plain
+    torch maths whatever the wrapped function is, so the bare call is that maths, and the
+    difference is the guard's own (its wrapper, the call site, the hook on the normals;
+    in backward, the hook's one read of the normals' gradient)."""
+    from autograd_guard.guards.pytorch3d_face_normals import face_areas_normals
+
+    guard = guard_for("pytorch3d_face_normals")
+    wrapped = wrap(
+        guard,
+        Target("pytorch3d.ops.mesh_face_areas_normals", "mesh_face_areas_normals"),
+        face_areas_normals,
+    )
+    verts = torch.rand(12, 3, requires_grad=True)
+    faces = torch.randint(0, 12, (20, 3))
+    args = (verts, faces)
+    n = max(calls // 10, 100)
+    base, guarded = compare(face_areas_normals, wrapped, args, {}, n, blocks)
+    rows = [Row("per call", "pytorch3d_face_normals, grad, 20 faces: forward", base, guarded, "us")]
+
+    def backward_of(function: Any) -> Any:
+        def step(verts: Any, faces: Any) -> None:
+            areas, normals = function(verts, faces)
+            (areas.sum() + normals.sum()).backward()
+
+        return step
+
+    _events.mute()  # its one event, at the first backward
+    try:
+        base, guarded = compare(
+            backward_of(face_areas_normals), backward_of(wrapped), args, {}, n, blocks
+        )
+    finally:
+        _events.mute(False)
+    case = "pytorch3d_face_normals, grad, 20 faces: forward + backward through the normals"
+    rows.append(Row("per call", case, base, guarded, "us"))
     return rows
 
 
