@@ -18,6 +18,7 @@ import types
 from autograd_guard._compile_checks import refuse_in_graph, traced_callsite, translator
 from autograd_guard._dynamo_frames import skipped
 from autograd_guard._state import STATE
+from autograd_guard.errors import GuardError, drop_own_frames
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -134,9 +135,19 @@ def _method_graph_breaks_work() -> bool:
 
 def marked_constant(function: Callable[..., Any]) -> Callable[..., Any]:
     """Dynamo runs ``function`` while tracing, and puts its result in the graph as a
-    constant (what ``torch._dynamo.assume_constant_result`` does, without importing it)."""
-    function._dynamo_marked_constant = True  # type: ignore[attr-defined]
-    return function
+    constant (what ``torch._dynamo.assume_constant_result`` does, without importing it).
+    A strict refusal (``refuse_in_graph``) leaves it as the one frame of the guard in the
+    error's traceback (torch 2.1 keeps Dynamo's frames)."""
+
+    def constant(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except GuardError as strict:
+            drop_own_frames(strict)  # this raise adds back one: its own
+            raise strict  # autograd-guard strict: the message says why
+
+    constant._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return constant
 
 
 def _calling(proxy: Any) -> Callable[..., Any]:
