@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 import sys
 
+from autograd_guard.errors import Refused, returning_refusals
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -128,14 +130,18 @@ class EagerHooks:
             step = kind.__dict__.get("step")
             if step is None or getattr(step, _OURS, False) or hook_wrapper(step, wrapper_code):
                 continue
-            setattr(kind, "step", _step_wrapper(step, self.eager(run_step)))  # noqa: B010
+            stepping = self.eager(returning_refusals(run_step))
+            setattr(kind, "step", _step_wrapper(step, stepping))  # noqa: B010
             self._wrapped.append((kind, step))
 
 
 def _step_wrapper(step: Callable[..., Any], run_step: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(step)
     def wrapper(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        return run_step(step, optimizer, args, kwargs)
+        result = run_step(step, optimizer, args, kwargs)
+        if isinstance(result, Refused):  # strict: raised from here, the guard's one frame
+            raise result.error  # autograd-guard strict: the message says why
+        return result
 
     wrapper.hooked = True  # type: ignore[attr-defined]  # torch must not wrap it again
     setattr(wrapper, _OURS, True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 
 from autograd_guard._grad_compile import hook_wrapper, hook_wrapper_code
+from autograd_guard.errors import Refused, returning_refusals
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -44,7 +45,11 @@ def make_gate(body: Callable[..., Any], gates: Gates) -> Callable[..., Any]:
         if verdict == SKIP:
             return None
         if verdict == CLOSURE:
-            return gates.closure_step(body, args, kwargs)
+            verdict = gates.closure_step(body, args, kwargs)
+            if not isinstance(verdict, Refused):
+                return verdict
+        if isinstance(verdict, Refused):  # strict: raised from here, the guard's one frame
+            raise verdict.error  # autograd-guard strict: the message says why
         try:
             return body(*args, **kwargs)
         finally:
@@ -60,7 +65,7 @@ class Gates:
     they call the guard's ``decide``, ``finish`` and ``closure_step``."""
 
     def __init__(self, decide: Decide, finish: Finish, closure_step: ClosureStep) -> None:
-        self._plain = (decide, finish, closure_step)
+        self._plain = (returning_refusals(decide), finish, returning_refusals(closure_step))
         self.decide, self.finish, self.closure_step = self._plain
         self._cells: list[tuple[Any, Any]] = []  # (cell, the body it held)
         self._seen: dict[type, tuple[Any, bool]] = {}  # class -> (its step, gated)

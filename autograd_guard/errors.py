@@ -37,6 +37,30 @@ def drop_own_frames(error: E) -> E:
     return error.with_traceback(rebuilt)
 
 
+class Refused:
+    """A strict ``GuardError`` that a function of the guard returned instead of raising,
+    for the guard's outermost frame to raise where Dynamo traces that frame (a frame that
+    catches around a graph break would not compile): its traceback then shows the user's
+    frames and the library's, then that one frame."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: GuardError) -> None:
+        self.error = drop_own_frames(error)
+
+
+def returning_refusals(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, returning a ``Refused`` where it raised a ``GuardError``."""
+
+    def returning_refusals(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except GuardError as strict:
+            return Refused(strict)
+
+    return returning_refusals
+
+
 class PolicyError(ValueError):
     """A policy file or value that cannot be used: names the file, the key and what is allowed.
 

@@ -4,6 +4,7 @@ frames of the guard's internals that made it."""
 
 from __future__ import annotations
 
+import os
 import traceback
 
 import pytest
@@ -11,6 +12,8 @@ import torch
 
 import autograd_guard
 from autograd_guard.errors import PACKAGE_DIR, GuardError, drop_own_frames
+
+TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 CODE = """
 import torch
@@ -114,3 +117,37 @@ def test_the_same_error_keeps_its_cause_and_the_frames_that_are_not_ours():
         f.f_code.co_name for f, _ in entries
     ]
     assert isinstance(error.__cause__, KeyError)
+
+
+def nan_step(closure: bool) -> None:
+    weight = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+
+    def loss() -> torch.Tensor:
+        optimizer.zero_grad()
+        value = torch.sqrt(weight).sum()  # d sqrt(x)/dx at 0: inf
+        value.backward()
+        return value
+
+    if closure:
+        optimizer.step(loss)
+    else:
+        loss()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("closure", [False, True], ids=["step", "step_with_closure"])
+def test_grad_health_raises_from_the_step_with_one_frame_of_ours(closure):
+    autograd_guard.install("strict")
+    error = strict_error(nan_step, closure)
+    listed = frames(error)
+    assert listed[:2] == [(__file__, "strict_error"), (__file__, "nan_step")]
+    # torch's step wrapper runs the gate; where a compile took the hooks off a class's
+    # step (torch 2.1; any torch once Dynamo's optimizer patcher ran) the guard's own
+    # wrapper runs it. Only a closure's evaluation in the optimizer's step comes after.
+    [ours] = [name for where, name in listed if where == "ours"]
+    assert ours in ("gate", "wrapper") and ("ours", ours) in listed[2:4], listed
+    assert all(
+        where.startswith(TORCH_DIR) for where, _ in listed[listed.index(("ours", ours)) + 1 :]
+    )
+    assert "grad_health" in str(error)
