@@ -54,31 +54,22 @@ def _handling(self: Guard, target: Target, risky: Check | None) -> Callable[...,
     handle = self.handler_for(target)
 
     def autograd_guard_wrapper(
-        original: Callable[..., Any],
-        instance: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        original: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         # The library runs outside every try of ours: its exceptions, and the user's,
         # pass through as the same objects with the same context, and it runs once.
         if not self.active:
             return original(*args, **kwargs)
-        if DYNAMO.set_eval_frame is not None:  # torch._dynamo is imported
-            callback = region_callback()
-            if callback is not None:  # run by a compiled region
-                try:
-                    return outside(
-                        autograd_guard_wrapper, callback, original, instance, args, kwargs
-                    )
-                except GuardError as strict:
-                    drop_own_frames(strict)  # this raise adds back one: its own
-                    raise strict  # autograd-guard strict: the message says why
-        if risky is not None:  # None: no check to run
+        # Run by a compiled region (torch._dynamo is imported): see _dynamo_frames.
+        if DYNAMO.set_eval_frame is not None and (callback := region_callback()) is not None:
             try:
-                is_risky = risky(instance, args, kwargs)
+                return outside(autograd_guard_wrapper, callback, original, instance, args, kwargs)
             except GuardError as strict:
                 drop_own_frames(strict)  # this raise adds back one: its own
                 raise strict  # autograd-guard strict: the message says why
+        if risky is not None:  # None: no check to run
+            try:
+                is_risky = risky(instance, args, kwargs)
             except Exception as exc:  # fail open: run the library untouched
                 self.fail("check", exc)
                 is_risky = False
@@ -125,23 +116,18 @@ def _checking_around(self: Guard, target: Target) -> Callable[..., Any]:
     before = self.before
 
     def autograd_guard_check_around(
-        original: Callable[..., Any],
-        instance: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        original: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         if not self.active:
             return original(*args, **kwargs)
-        if DYNAMO.set_eval_frame is not None:  # see autograd_guard_wrapper
-            callback = region_callback()
-            if callback is not None:
-                try:
-                    return outside(
-                        autograd_guard_check_around, callback, original, instance, args, kwargs
-                    )
-                except GuardError as strict:
-                    drop_own_frames(strict)  # this raise adds back one: its own
-                    raise strict  # autograd-guard strict: the message says why
+        if DYNAMO.set_eval_frame is not None and (callback := region_callback()) is not None:
+            try:  # see autograd_guard_wrapper
+                return outside(
+                    autograd_guard_check_around, callback, original, instance, args, kwargs
+                )
+            except GuardError as strict:
+                drop_own_frames(strict)  # this raise adds back one: its own
+                raise strict  # autograd-guard strict: the message says why
         try:
             after = before(Call(target, original, instance, args, kwargs))
         except GuardError as strict:
