@@ -12,9 +12,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from autograd_guard._policy import Policy
+    from autograd_guard._policy.policy import Policy
 
-__version__ = "0.1.0"
 __all__ = ["GuardError", "PolicyError", "__version__", "install", "status", "uninstall"]
 
 
@@ -24,26 +23,30 @@ def install(policy: Policy | str | dict[str, Any] | None = None) -> None:
     ``policy`` is a path to a TOML file, the name of a shipped preset, a dict in the
     policy schema, or None to discover the policy as the auto-load does.
     """
-    from autograd_guard import _engine
+    from autograd_guard._engine import engine as _engine
 
     _engine.install(policy)
 
 
 def uninstall() -> None:
     """Stop guarding and restore every object that was patched."""
-    from autograd_guard import _engine
+    from autograd_guard._engine import engine as _engine
 
     _engine.uninstall()
 
 
 def status() -> dict[str, Any]:
     """What is guarded, under which policy, and what the guards have done so far."""
-    from autograd_guard import _engine
+    from autograd_guard._engine import engine as _engine
 
     return _engine.status()
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # kept low in the package: start plans are keyed by it
+        from autograd_guard._common import VERSION
+
+        return VERSION
     if name in ("GuardError", "PolicyError"):
         from autograd_guard import errors
 

@@ -8,7 +8,12 @@ import os
 import sys
 from pathlib import Path
 
-from autograd_guard import _check, _doctor, _environment, _events, _policy_files, _report
+from autograd_guard._cli import check as _check
+from autograd_guard._cli import doctor as _doctor
+from autograd_guard._cli import report as _report
+from autograd_guard._common import environment as _environment
+from autograd_guard._events import events as _events
+from autograd_guard._policy import files as _policy_files
 from autograd_guard.guards import available
 
 STARTER = """\

@@ -19,11 +19,11 @@ Helpers:
   a remedy that ``torch.compile`` traces (``Guard._traced``), and its event.
 """
 
-from autograd_guard._call import argument, iter_tensors, map_tensors
-from autograd_guard._callsite import find_callsite
-from autograd_guard._compiled import remedy_report, traceable
-from autograd_guard._guard import Call, Guard, Option, Target
-from autograd_guard._snapshot import Snapshot
+from autograd_guard._common.call import argument, iter_tensors, map_tensors
+from autograd_guard._common.callsite import find_callsite
+from autograd_guard._compile.compiled import remedy_report, traceable
+from autograd_guard._runtime.guard import Call, Guard, Option, Target
+from autograd_guard._runtime.snapshot import Snapshot
 from autograd_guard.errors import GuardError
 
 __all__ = [

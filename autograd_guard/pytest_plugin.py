@@ -30,8 +30,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from autograd_guard import _environment
-    from autograd_guard._state import STATE
+    from autograd_guard._common import environment as _environment
+    from autograd_guard._common.state import STATE
 
     if _environment.requested() and not STATE.started:
         # Set, yet the .pth never ran: an installer that drops it (kvcached#470, uv#19258).
@@ -42,7 +42,8 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     mode = config.getoption("autograd_guard", None)
     if mode:
-        from autograd_guard import _engine, _policy
+        from autograd_guard._engine import engine as _engine
+        from autograd_guard._policy import policy as _policy
         from autograd_guard.guards import available
 
         environ = {**os.environ, "AUTOGRAD_GUARD": mode}
@@ -52,7 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if getattr(config, "_autograd_guard_installed", False):
-        from autograd_guard import _engine
+        from autograd_guard._engine import engine as _engine
 
         _engine.uninstall()
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import contextlib
 
-from autograd_guard import _engine, _events
+from autograd_guard._engine import engine as _engine
+from autograd_guard._events import events as _events
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
     from typing import Any
 
-    from autograd_guard._policy import Policy
+    from autograd_guard._policy.policy import Policy
 
 __all__ = ["capture_events", "guarded"]
 

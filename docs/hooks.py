@@ -7,8 +7,8 @@
 - ``guards/index.md``: the table of every guard.
 - ``changelog.md``: ``CHANGELOG.md`` itself.
 - ``<!-- generated: NAME -->`` markers in hand-written pages: the policy keys (from
-  ``autograd_guard._policy_schema``), the environment variables
-  (``autograd_guard._environment.VARIABLES`` and their docstrings) and the version-matrix
+  ``autograd_guard._policy.schema``), the environment variables
+  (``autograd_guard._common.environment.VARIABLES`` and their docstrings) and the version-matrix
   table (the one ``nox -s table`` writes into the README).
 """
 
@@ -163,7 +163,7 @@ def guards_index(guards: list[Any]) -> str:
 
 
 def policy_keys(guards: list[Any]) -> str:
-    from autograd_guard import _policy_schema as schema
+    from autograd_guard._policy import schema
 
     _same_keys("top-level", TOP_LEVEL, schema.TOP_LEVEL_KEYS)
     _same_keys("guard table", GUARD_TABLE, schema.GUARD_KEYS)
@@ -196,14 +196,14 @@ def _same_keys(what: str, described: dict[str, str], keys: tuple[str, ...]) -> N
 
 
 def variables(guards: list[Any]) -> str:
-    from autograd_guard import _environment
+    from autograd_guard._common import environment as _environment
 
     source = Path(_environment.__file__).read_text(encoding="utf-8")
     docs = _attribute_docstrings(ast.parse(source))
     lines = ["| variable | meaning |", "|---|---|"]
     for name in _environment.VARIABLES:
         if name not in docs:
-            raise ValueError(f"autograd_guard/_environment.py: {name} has no docstring")
+            raise ValueError(f"autograd_guard/_common/environment.py: {name} has no docstring")
         text = " ".join(_code(docs[name]).split())
         lines.append(f"| `{name}` | {text} |")
     return "\n".join(lines)

@@ -27,8 +27,9 @@ import torch
 from benchtable import Row, print_table
 
 import autograd_guard
-from autograd_guard import _grad_check, _grad_probe
-from autograd_guard._grad_probe import BackwardProbe
+from autograd_guard.guards.grad_health import check as _grad_check
+from autograd_guard.guards.grad_health import probe as _grad_probe
+from autograd_guard.guards.grad_health.probe import BackwardProbe
 
 warnings.filterwarnings("ignore", "Anomaly Detection has been enabled")
 

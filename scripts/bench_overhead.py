@@ -22,9 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from benchtable import Row, print_table
 
-from autograd_guard import _dynamo_frames, _events, _policy
-from autograd_guard._guard import Guard, Target
-from autograd_guard._proxies import guarded_function
+from autograd_guard._compile import dynamo_frames as _dynamo_frames
+from autograd_guard._events import events as _events
+from autograd_guard._policy import policy as _policy
+from autograd_guard._runtime.guard import Guard, Target
+from autograd_guard._runtime.proxies import guarded_function
 from autograd_guard.guards import available
 
 
@@ -276,7 +278,7 @@ def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:
             )
         )
     # Last: a program that compiles has torch._dynamo imported, and each guarded call then
-    # asks whether a compiled region runs it (see autograd_guard._dynamo_frames).
+    # asks whether a compiled region runs it (see autograd_guard._compile.dynamo_frames).
     _dynamo_frames.dynamo_imported(importlib.import_module("torch._dynamo"))
     add(
         "grad_mode stage, grad on, torch._dynamo imported",

@@ -11,8 +11,8 @@ import thirdparty
 import wheelenv
 from helpers import ROOT, STAGE_SOURCE
 
-from autograd_guard import _engine
-from autograd_guard._state import STATE
+from autograd_guard._common.state import STATE
+from autograd_guard._engine import engine as _engine
 
 # Tests of PyTorch3D skipped where its compiled extension must run them (see below).
 SKIPPED_PYTORCH3D: list[str] = []
@@ -25,7 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
     once into .cache/thirdparty, each in a folder of its own, and put on sys.path before
     the test modules that import them are collected."""
     if os.environ.get("AUTOGRAD_GUARD_TEST_INSTALLED") == "1":
-        package = Path(_engine.__file__).resolve().parent
+        package = Path(_engine.__file__).resolve().parent.parent
         if package == ROOT / "autograd_guard":
             raise pytest.UsageError(f"testing the checkout's package, not the wheel: {package}")
     thirdparty.import_pytorch3d()

@@ -1,7 +1,9 @@
-"""The package's shape, read from its source with ``ast``: no import cycles between its
-modules (imports inside functions count; those under ``if TYPE_CHECKING:`` never run and
-do not), a docstring on every module, every module at most 300 lines and every function
-at most 50, and one ``TYPE_CHECKING`` idiom."""
+"""The package's shape, read from its source with ``ast``: its folders are layers, and
+every import points down the declared order (``LAYERS``); no import cycles between its
+modules (imports inside functions and under ``if TYPE_CHECKING:`` count: a type-only cycle
+is a cycle of the design); at most 15 modules at the package root; a docstring on every
+module, every module at most 300 lines and every function at most 50, and one
+``TYPE_CHECKING`` idiom."""
 
 from __future__ import annotations
 
@@ -13,6 +15,22 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "autograd_guard"
 MAX_MODULE_LINES = 300
 MAX_FUNCTION_LINES = 50
+MAX_ROOT_MODULES = 15
+
+# The layers, highest first: a module may import its own layer or a lower one, never a
+# higher one. Each entry names module prefixes (a folder, or a root module).
+LAYERS = (
+    ("app", ("autograd_guard", "cli", "pytest_plugin", "testing", "_run", "_cli")),
+    ("boot", ("_boot",)),
+    ("engine", ("_engine",)),
+    ("guards", ("guards",)),
+    ("guard API", ("guard", "taubin")),
+    ("runtime", ("_runtime",)),
+    ("policy", ("_policy",)),
+    ("compile", ("_compile",)),
+    ("events", ("_events",)),
+    ("common", ("_common", "errors")),
+)
 
 
 def module_name(path: Path) -> str:
@@ -27,24 +45,13 @@ def parse(name: str) -> ast.Module:
     return ast.parse(MODULES[name].read_text(encoding="utf-8"), str(MODULES[name]))
 
 
-def type_checking_only(tree: ast.Module) -> set[int]:
-    """The ids of the nodes inside ``if TYPE_CHECKING:`` blocks."""
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-            skipped.update(id(inner) for statement in node.body for inner in ast.walk(statement))
-    return skipped
-
-
 def imported_modules(name: str) -> set[str]:
-    """The package's modules that ``name`` imports anywhere (functions included)."""
+    """The package's modules that ``name`` imports anywhere (functions and
+    ``if TYPE_CHECKING:`` blocks included)."""
     tree = parse(name)
     package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
-    skipped = type_checking_only(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -98,7 +105,51 @@ def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     # _engine imports the guards inside install(): a function-level import is an edge.
-    assert "autograd_guard.guards" in imported_modules("autograd_guard._engine")
+    assert "autograd_guard.guards" in imported_modules("autograd_guard._engine.engine")
+    # and so is a type-only one: the Guard base class is typed by the policy it reads
+    assert "autograd_guard._policy.data" in imported_modules("autograd_guard._runtime.guard")
+
+
+def layer_of(name: str) -> int:
+    """The index in ``LAYERS`` of the module ``name`` (0 is the highest layer)."""
+    relative = name.removeprefix("autograd_guard").removeprefix(".")
+    first = relative.partition(".")[0] or "autograd_guard"
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if first in prefixes:
+            return index
+    raise AssertionError(f"{name} is in no layer: add its folder to LAYERS")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of ``graph`` from a lower layer to a higher one."""
+    return [
+        f"{name} ({LAYERS[layer_of(name)][0]}) imports {imported} ({LAYERS[layer_of(imported)][0]})"
+        for name in sorted(graph)
+        for imported in sorted(graph[name])
+        if layer_of(imported) < layer_of(name)
+    ]
+
+
+def test_imports_point_down_the_layers():
+    graph = {name: imported_modules(name) for name in MODULES}
+    assert upward_imports(graph) == []
+
+
+def test_an_upward_import_is_found():
+    graph = {
+        "autograd_guard._common.state": {"autograd_guard._engine.engine"},
+        "autograd_guard._engine.engine": {"autograd_guard._common.state"},
+    }
+    assert upward_imports(graph) == [
+        "autograd_guard._common.state (common) imports autograd_guard._engine.engine (engine)"
+    ]
+    assert layer_of("autograd_guard") == 0
+    assert layer_of("autograd_guard.errors") == layer_of("autograd_guard._common.state")
+
+
+def test_the_package_root_is_its_public_surface():
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

@@ -200,7 +200,7 @@ def test_runs_once_when_the_pth_is_processed_twice(guard_python, project):
     code = """
     import site, sys, sysconfig
     site.addsitedir(sysconfig.get_paths()["purelib"])  # processes autograd_guard.pth again
-    from autograd_guard import _importer
+    from autograd_guard._common import importer as _importer
     print(sum(isinstance(f, _importer._PostImportFinder) for f in sys.meta_path))
     """
     assert run_python(guard_python, code, project, AUTOGRAD_GUARD="1").stdout.strip() == "1"
@@ -263,10 +263,10 @@ def test_editable_install_auto_loads(tmp_path, project):
 
 LAZY = """
 import sys
-print("engine" if "autograd_guard._engine" in sys.modules else "no engine")
+print("engine" if "autograd_guard._engine.engine" in sys.modules else "no engine")
 import torch
 from mesh_reconstruction.recon import reconstruct_stage1
-print("engine" if "autograd_guard._engine" in sys.modules else "no engine")
+print("engine" if "autograd_guard._engine.engine" in sys.modules else "no engine")
 torch.set_grad_enabled(False)
 print("loss", round(reconstruct_stage1(torch.ones(3))[1], 3))
 """
@@ -279,7 +279,7 @@ def test_a_start_plan_defers_the_engine_to_the_first_target_import(guard_python,
     assert lazy[:2] == ["no engine", "engine"] and lazy[2].startswith("loss ")
     modules = "import sys; print(sorted(m for m in sys.modules if m.startswith('autograd_guard')))"
     loaded = eval(run_python(guard_python, modules, project, AUTOGRAD_GUARD="1").stdout)
-    assert "autograd_guard.guards" not in loaded and "autograd_guard._wrapper" not in loaded
+    assert "autograd_guard.guards" not in loaded and "autograd_guard._runtime.wrapper" not in loaded
 
 
 def test_a_start_plan_follows_edits_of_the_policy(guard_python, project):

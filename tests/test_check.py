@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from autograd_guard import _policy, cli
+from autograd_guard import cli
+from autograd_guard._policy import policy as _policy
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
 

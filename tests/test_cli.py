@@ -26,7 +26,7 @@ def test_doctor(capsys, monkeypatch):
 
 
 def test_versions_outside_the_matrix_are_named():
-    from autograd_guard._versions import support_note
+    from autograd_guard._common.versions import support_note
 
     assert support_note("3.10.13", "2.1.2") == support_note("3.13.0", "2.15.0+cu130") == ""
     assert support_note("3.9.18", "2.13.0").startswith("untested: Python 3.9.18 (supported:")
@@ -122,7 +122,7 @@ def test_report_tells_apart_processes_that_share_a_pid(tmp_path, capsys):
 
 
 def test_summary_words(capsys):
-    from autograd_guard import _actions
+    from autograd_guard._events import actions as _actions
 
     one = [{"guard": "g", "action": "a", "callsite": "c", "count": 1}]
     assert _actions.describe_counts(one) == "1 intervention at 1 call site"

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from helpers import assert_attached, ipex_standin
 
 import autograd_guard
-from autograd_guard import _compiled
+from autograd_guard._compile import compiled as _compiled
 from autograd_guard.testing import capture_events
 
 BACKENDS = ["inductor", "eager"]
@@ -170,7 +170,7 @@ def test_under_fullgraph_a_guard_that_cannot_run_says_so_once(stages):
 @pytest.fixture
 def ipex_on_cpu(tmp_path, monkeypatch):
     """The stand-in IPEX distribution of tests/test_ipex.py, affected devices = cpu."""
-    from autograd_guard import _versions
+    from autograd_guard._common import versions as _versions
 
     site = ipex_standin(tmp_path / "site", "2.1.10+xpu")
     monkeypatch.syspath_prepend(str(site))

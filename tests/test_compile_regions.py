@@ -11,7 +11,7 @@ import torch
 from helpers import assert_attached
 
 import autograd_guard
-from autograd_guard import _dynamo_frames
+from autograd_guard._compile import dynamo_frames as _dynamo_frames
 from autograd_guard.testing import capture_events
 
 STAGES = """

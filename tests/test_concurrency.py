@@ -17,7 +17,7 @@ from helpers import run_python
 
 import autograd_guard
 from autograd_guard import guards
-from autograd_guard._guard import Guard, Target
+from autograd_guard._runtime.guard import Guard, Target
 from autograd_guard.testing import capture_events
 
 
@@ -103,7 +103,7 @@ def test_two_threads_importing_a_target_at_once_do_not_deadlock(tmp_path):
 
 WORKER = """
 import os, sys, torch
-from autograd_guard import _events
+from autograd_guard._events import events as _events
 import mesh_reconstruction.recon as recon
 
 def work(tag):

@@ -13,7 +13,9 @@ from importlib.util import find_spec
 import pytest
 from helpers import ROOT
 
-from autograd_guard import _environment, _policy_schema, cli
+from autograd_guard import cli
+from autograd_guard._common import environment as _environment
+from autograd_guard._policy import schema as _policy_schema
 from autograd_guard.guards import builtin
 
 pytest.importorskip("mkdocs", reason="the docs need the test extra's mkdocs")

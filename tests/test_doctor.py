@@ -42,7 +42,7 @@ def test_doctor_shows_each_guard_once_with_its_symptom_and_upstream(capsys):
 
 
 def test_verdicts_say_affected_once():
-    from autograd_guard import _policy
+    from autograd_guard._policy import policy as _policy
     from autograd_guard.guards.warp_torch_args import GUARD
 
     guard = GUARD(_policy.load({}, builtin(), environ={}))

@@ -11,8 +11,9 @@ import pytest
 from helpers import assert_attached
 
 import autograd_guard
-from autograd_guard import _engine, guards
-from autograd_guard._guard import Guard, Option, Target
+from autograd_guard import guards
+from autograd_guard._engine import engine as _engine
+from autograd_guard._runtime.guard import Guard, Option, Target
 from autograd_guard.testing import capture_events
 
 TOY_CORE = '''
@@ -117,9 +118,9 @@ def test_uninstall_restores_identity_and_install_is_idempotent(toy):
 
 
 def test_uninstall_forgets_caches_and_reset_forgets_registrations(toy):
-    from autograd_guard import _versions
-    from autograd_guard._cache import DiskCache
-    from autograd_guard._state import STATE
+    from autograd_guard._common import versions as _versions
+    from autograd_guard._common.cache import DiskCache
+    from autograd_guard._common.state import STATE
 
     autograd_guard.install(policy())
     _versions.installed_version("pytest")
@@ -260,7 +261,7 @@ def test_json_lines_log_has_the_required_fields_and_no_values(toy, tmp_path, mon
     import toy_pkg.core
 
     toy_pkg.core.compute(-1)
-    from autograd_guard import _events
+    from autograd_guard._events import events as _events
 
     _events.emit(
         "has a tensor", guard="toy", action="x", callsite="c", tensor=torch.full((2, 2), 123456.0)
@@ -376,8 +377,8 @@ def test_no_cache_folder_without_a_home(monkeypatch, tmp_path):
     # Issue 19 item 11: HOME and XDG_CACHE_HOME unset, and a uid without a passwd entry.
     import pwd
 
-    from autograd_guard import _environment
-    from autograd_guard._cache import DiskCache
+    from autograd_guard._common import environment as _environment
+    from autograd_guard._common.cache import DiskCache
 
     def no_entry(uid: int) -> None:
         raise KeyError(uid)

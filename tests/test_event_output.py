@@ -10,7 +10,8 @@ import types
 
 from helpers import ROOT, run_python
 
-from autograd_guard import _actions, _events
+from autograd_guard._events import actions as _actions
+from autograd_guard._events import events as _events
 
 FIELDS = {
     "mode": "fix",
@@ -111,7 +112,7 @@ def test_a_script_inside_torch_is_torchs_process_also_at_exit(monkeypatch):
     # CPython has deleted __main__.__file__, so the script is known by argv alone.
     import torch
 
-    from autograd_guard import _unattached
+    from autograd_guard._engine import unattached as _unattached
 
     worker = os.path.join(os.path.dirname(torch.__file__), "_inductor", "worker.py")
     monkeypatch.setattr(sys, "argv", [worker, "--workers=2"])

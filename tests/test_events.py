@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from autograd_guard import _events
+from autograd_guard._events import events as _events
 
 
 def test_tensors_nested_in_an_event_are_described_not_printed(tmp_path):

@@ -18,8 +18,9 @@ from pytorch3d.structures import Meshes
 from pytorch3d.utils import ico_sphere
 
 import autograd_guard
-from autograd_guard import _events, _versions
-from autograd_guard._guard import Guard
+from autograd_guard._common import versions as _versions
+from autograd_guard._events import events as _events
+from autograd_guard._runtime.guard import Guard
 from autograd_guard.guards import available
 from autograd_guard.testing import capture_events
 

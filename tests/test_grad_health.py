@@ -228,7 +228,7 @@ def test_ddp_ranks_report_findings_each_and_a_step_decision_once(tmp_path):
 
 
 def test_a_broken_check_leaves_the_step_as_it_is_unguarded(monkeypatch):
-    from autograd_guard import _grad_check
+    from autograd_guard.guards.grad_health import check as _grad_check
 
     def broken(self, *args):
         raise KeyError("broken")

@@ -115,7 +115,7 @@ def fused_cpu_supported() -> bool:
 @pytest.fixture
 def cpu_as_cuda(monkeypatch):
     """The CPU takes the CUDA path: the flag is lent to a fused optimizer."""
-    from autograd_guard import _grad_check
+    from autograd_guard.guards.grad_health import check as _grad_check
 
     monkeypatch.setattr(_grad_check, "DEFERRED_DEVICE_TYPES", {"cpu", "cuda"})
     return monkeypatch
@@ -124,7 +124,7 @@ def cpu_as_cuda(monkeypatch):
 @pytest.fixture
 def syncs(cpu_as_cuda):
     """... and counts the checks that read the flag with a sync before the step."""
-    from autograd_guard import _grad_check
+    from autograd_guard.guards.grad_health import check as _grad_check
 
     count = [0]
     real = _grad_check.FiniteCheck.all_finite

@@ -12,7 +12,7 @@ import torch
 from grad_health_twin import assert_same, hook_log, outcome, twin
 
 import autograd_guard
-from autograd_guard import _actions
+from autograd_guard._events import actions as _actions
 from autograd_guard.testing import capture_events
 
 ORIGINAL_BACKWARD, ORIGINAL_GRAD = torch.autograd.backward, torch.autograd.grad
@@ -232,7 +232,7 @@ def test_the_localiser_disarms_in_autograd_grad_loops_and_names_the_op():
 
 
 def test_the_localiser_is_bounded_by_steps_and_time_and_gives_back_the_users_anomaly_mode():
-    from autograd_guard import _grad_probe
+    from autograd_guard.guards.grad_health import probe as _grad_probe
 
     torch.autograd.set_detect_anomaly(True, check_nan=True)  # the user's own setting
     try:

@@ -306,7 +306,7 @@ def test_an_optimizer_stepped_from_another_ones_post_hook_is_checked(guarded_fix
 
 
 def test_an_interrupted_check_never_silences_the_guard(guarded_fix, monkeypatch):
-    from autograd_guard._grad_check import FiniteCheck
+    from autograd_guard.guards.grad_health.check import FiniteCheck
 
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import autograd_guard
-from autograd_guard._state import STATE
+from autograd_guard._common.state import STATE
 from autograd_guard.testing import capture_events
 
 
@@ -159,7 +159,7 @@ def fused_cpu_supported() -> bool:
 def test_a_flag_left_on_the_device_carries_the_probe(monkeypatch, mode, optimizer):
     """The CUDA path on the CPU: the flag is lent (fix, fused) or read later (observe),
     the probe with it; a probe that read zero makes the next steps read every gradient."""
-    from autograd_guard import _grad_check
+    from autograd_guard.guards.grad_health import check as _grad_check
 
     monkeypatch.setattr(_grad_check, "DEFERRED_DEVICE_TYPES", {"cpu", "cuda"})
     [event] = loop(30, optimizer=optimizer, mode=mode, zero_steps=5)
@@ -172,7 +172,7 @@ def test_a_flag_left_on_the_device_carries_the_probe(monkeypatch, mode, optimize
 def test_on_cuda_the_probe_is_read_with_the_finite_flag(monkeypatch):
     """One read for both: the fused check on a CUDA slot (its device faked) fills in the
     probe's answer, so that no second read is made."""
-    from autograd_guard._grad_check import FiniteCheck, Probe
+    from autograd_guard.guards.grad_health.check import FiniteCheck, Probe
 
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     check, grads = FiniteCheck(), [torch.zeros(3), torch.ones(2)]

@@ -15,7 +15,9 @@ import inspect
 import pytest
 
 import autograd_guard
-from autograd_guard import _guard_contract, _policy, guards
+from autograd_guard import guards
+from autograd_guard._policy import policy as _policy
+from autograd_guard._runtime import contract as _guard_contract
 from autograd_guard.guard import Call, Guard, Option, Target
 from autograd_guard.guards import BUILTIN, builtin
 from autograd_guard.testing import capture_events

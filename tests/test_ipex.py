@@ -15,7 +15,7 @@ from helpers import assert_attached, guard_state, ipex_standin
 from torch import nn
 
 import autograd_guard
-from autograd_guard import _versions
+from autograd_guard._common import versions as _versions
 from autograd_guard.guards import ipex_xpu
 from autograd_guard.testing import capture_events
 

@@ -9,7 +9,7 @@ import zipfile
 
 from helpers import ROOT
 
-from autograd_guard import _versions
+from autograd_guard._common import versions as _versions
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from autograd_guard import _policy, _policy_files
-from autograd_guard._cache import DiskCache
-from autograd_guard._state import STATE
+from autograd_guard._common.cache import DiskCache
+from autograd_guard._common.state import STATE
+from autograd_guard._policy import files as _policy_files
+from autograd_guard._policy import policy as _policy
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
 
@@ -165,7 +166,7 @@ def test_the_cache_is_per_environment_and_distrusts_other_shapes(tmp_path, monke
     import marshal
     import sys
 
-    from autograd_guard import _cache
+    from autograd_guard._common import cache as _cache
 
     here = DiskCache(str(tmp_path))
     monkeypatch.setattr(sys, "prefix", "/some/other/venv")

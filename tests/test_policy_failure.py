@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from autograd_guard import _engine, _policy_failure
-from autograd_guard._state import STATE
+from autograd_guard._common.state import STATE
+from autograd_guard._engine import engine as _engine
+from autograd_guard._policy import failure as _policy_failure
 
 PROBLEMS = 'mode = "loud"\nspeed = 3\n[guards.grad_mode]\nmod = "fix"\n'
 

@@ -7,9 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autograd_guard import _policy, _policy_schema
-from autograd_guard._cache import DiskCache
-from autograd_guard._state import STATE
+from autograd_guard._common.cache import DiskCache
+from autograd_guard._common.state import STATE
+from autograd_guard._policy import policy as _policy
+from autograd_guard._policy import schema as _policy_schema
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
 

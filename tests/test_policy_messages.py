@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-from autograd_guard import _engine, _policy, cli
+from autograd_guard import cli
+from autograd_guard._engine import engine as _engine
+from autograd_guard._policy import policy as _policy
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
 

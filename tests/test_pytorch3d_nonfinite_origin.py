@@ -1,5 +1,5 @@
 """grad_health's nonfinite_origin on PyTorch3D's known singular points: the event names
-the library function and gives its specific advice (``_grad_advice``). These run on
+the library function and gives its specific advice (``advice``). These run on
 PyTorch3D's Python code (transforms, ``corresponding_points_alignment``), with or without
 its compiled extension."""
 

@@ -169,14 +169,14 @@ def test_variables_are_read_in_the_environment_module_and_the_pth_only():
         for path in (ROOT / "autograd_guard").rglob("*.py")
         if any(_reads_a_variable(node) for node in ast.walk(ast.parse(path.read_text())))
     }
-    assert readers <= {"autograd_guard/_environment.py"}
+    assert readers <= {"autograd_guard/_common/environment.py"}
     pth = (ROOT / "autograd_guard.pth").read_text()
     assert re.findall(r"AUTOGRAD_GUARD\w*", pth) == ["AUTOGRAD_GUARD"]
     assert "the `.pth` line\nrepeats its on/off test of `AUTOGRAD_GUARD`" in doc("configuration.md")
 
 
 def test_uninstalling_names_the_cache_folder_the_package_uses(tmp_path):
-    from autograd_guard import _environment
+    from autograd_guard._common import environment as _environment
 
     home = str(tmp_path)
     default = _environment.cache_folder({"HOME": home})

@@ -11,7 +11,7 @@ import torch
 from helpers import run_python
 
 import autograd_guard
-from autograd_guard import _policy
+from autograd_guard._policy import policy as _policy
 from autograd_guard.errors import PolicyError
 from autograd_guard.guards import available
 

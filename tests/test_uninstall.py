@@ -13,7 +13,7 @@ import torch
 
 import autograd_guard
 from autograd_guard import guards
-from autograd_guard._state import STATE
+from autograd_guard._common.state import STATE
 from autograd_guard.guard import Guard, Target, traceable
 from autograd_guard.testing import capture_events, guarded
 
@@ -224,7 +224,8 @@ def test_install_run_by_an_import_inside_a_compile_goes_on(make_module):
     make_module(
         "installs_on_import",
         """
-        from autograd_guard import _engine, install
+        from autograd_guard import install
+        from autograd_guard._engine import engine as _engine
 
         HELD = _engine._dynamo_compile_lock()._is_owned()  # imported by the compile
         install({})

@@ -8,7 +8,8 @@ import sys
 
 
 def _start_then_chain() -> None:
-    from autograd_guard import _bootstrap, _environment
+    from autograd_guard import _boot as _bootstrap
+    from autograd_guard._common import environment as _environment
 
     if _environment.requested():
         _bootstrap.bootstrap(now=True)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import sys
 
-from autograd_guard._state import STATE
+from autograd_guard._common.state import STATE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from autograd_guard._guard import Guard
+    from autograd_guard._runtime.guard import Guard
 
 # The built-in guards, by module name. A static list on purpose, not the entry-point group
 # that third-party guards use: reading entry points costs importlib.metadata and a scan of
@@ -49,7 +49,7 @@ def available(environ: Mapping[str, str] | None = None) -> list[type[Guard]]:
 def register(guard: type[Guard]) -> None:
     """Add a guard class (takes effect at the next ``install``); ``TypeError`` where it
     breaks the guard contract."""
-    from autograd_guard import _guard_contract
+    from autograd_guard._runtime import contract as _guard_contract
 
     _guard_contract.check(guard)
     if guard not in STATE.registered:
@@ -68,7 +68,7 @@ def third_party(taken: set[str], environ: Mapping[str, str] | None = None) -> li
     does nothing, so that the policy can still name it; the others are unaffected.
     Guards switched off by ``AUTOGRAD_GUARD_DISABLE`` are not even imported.
     """
-    from autograd_guard._environment import disabled as disabled_in
+    from autograd_guard._common.environment import disabled as disabled_in
 
     disabled = disabled_in(environ)
     guards = []
@@ -91,8 +91,8 @@ def third_party(taken: set[str], environ: Mapping[str, str] | None = None) -> li
 
 
 def _load(name: str, value: str) -> type[Guard]:
-    from autograd_guard import _guard_contract
-    from autograd_guard._guard import Guard
+    from autograd_guard._runtime import contract as _guard_contract
+    from autograd_guard._runtime.guard import Guard
 
     module_name, _, attribute = value.partition(":")
     __import__(module_name)
@@ -108,7 +108,7 @@ def _load(name: str, value: str) -> type[Guard]:
 
 
 def _unavailable(name: str, distribution: str, why: str) -> type[Guard]:
-    from autograd_guard._guard import Guard
+    from autograd_guard._runtime.guard import Guard
 
     return type(
         f"Unavailable_{name}",
@@ -123,7 +123,7 @@ def _unavailable(name: str, distribution: str, why: str) -> type[Guard]:
 
 
 def _report_broken(name: str, value: str, distribution: str, exc: Exception) -> None:
-    from autograd_guard import _events
+    from autograd_guard._events import events as _events
 
     _events.emit(
         f"third-party guard {name!r} from {distribution} failed to load; skipped",
@@ -144,7 +144,7 @@ def entry_points() -> list[tuple[str, str, str]]:
     metadata. Cached against the mtimes of the folders on ``sys.path`` (installing or
     removing a distribution changes its folder's mtime).
     """
-    from autograd_guard._cache import DiskCache, path_fingerprint
+    from autograd_guard._common.cache import DiskCache, path_fingerprint
 
     stamps = path_fingerprint()
     key = "\n".join(f"{path}\0{mtime}" for path, mtime in stamps).encode("utf-8", "surrogateescape")

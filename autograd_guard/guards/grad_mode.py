@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import sys
 
-from autograd_guard._compile_checks import grad_mode_kept_in_graph, refuse_in_graph, traced_callsite
-from autograd_guard._compiled import cannot_run, dynamo_fullgraph, marked_constant
-from autograd_guard._inference_clones import InferenceClones
-from autograd_guard._resumable import NO_CONTEXT, GradModes, resume_each_time_under
-from autograd_guard._state import STATE
+from autograd_guard._common.state import STATE
+from autograd_guard._compile.checks import grad_mode_kept_in_graph, refuse_in_graph, traced_callsite
+from autograd_guard._compile.compiled import cannot_run, dynamo_fullgraph, marked_constant
+from autograd_guard._compile.inference_clones import InferenceClones
+from autograd_guard._compile.resumable import NO_CONTEXT, GradModes, resume_each_time_under
 from autograd_guard.guard import Call, Guard, Target, traceable
 
 TYPE_CHECKING = False

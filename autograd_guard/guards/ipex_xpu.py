@@ -19,7 +19,12 @@ from __future__ import annotations
 
 import sys
 
-from autograd_guard._cpu_rerun import in_reference_run, max_differences, rerun_on_cpu, tensors
+from autograd_guard._runtime.cpu_rerun import (
+    in_reference_run,
+    max_differences,
+    rerun_on_cpu,
+    tensors,
+)
 from autograd_guard.guard import Call, Guard, Option, Target, remedy_report, traceable
 
 TYPE_CHECKING = False

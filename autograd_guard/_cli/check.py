@@ -1,0 +1,92 @@
+"""``autograd-guard check [FILE]``: every problem of a policy at once, as ruff and mypy
+report them: the keys and values, each rule's module (found without importing it), the
+log destination, and the variables that change the policy."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from autograd_guard._cli import locate as _locate
+from autograd_guard._events.actions import plural
+from autograd_guard._policy import policy as _policy
+from autograd_guard.errors import PolicyError, Problems
+from autograd_guard.guards import available
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+    from autograd_guard._policy.policy import Policy
+
+LOG_ALLOWED = "stderr, logging, or a file path in an existing folder"
+NEVER_ATTACHES = "a run cannot attach it and names it at exit (unattached_rules)"
+
+
+def check_policy(args: argparse.Namespace) -> int:
+    """Print every problem and warning (stderr) and note; exit status 1 when there is a
+    problem (with ``--strict``, a warning too).
+
+    Warnings are what a run says and runs on: a rule whose module cannot be found (the
+    run names it at exit as ``unattached_rules``, a warning) and an unknown guard in
+    ``AUTOGRAD_GUARD_DISABLE`` (the run says it on stderr and runs on); problems are
+    what makes a run refuse the policy."""
+    problems, warnings = Problems(), Problems()
+    try:
+        policy = _policy.load(args.file, available(), problems=problems)
+    except PolicyError as exc:  # the file itself cannot be found, read or parsed
+        problems.found.extend(exc.problems)
+        policy = None
+    notes: list[str] = []
+    if policy is not None:
+        warnings.found.extend(policy.warnings)
+        notes = _rule_modules(policy, warnings)
+        _log_destination(policy, problems)
+    for note in notes:
+        print(f"note: {note}")
+    for warning in warnings.found:
+        print(f"warning: {warning}", file=sys.stderr)
+    for problem in problems.found:
+        print(f"invalid policy: {problem}", file=sys.stderr)
+    strict = getattr(args, "strict", False)
+    if problems.found or policy is None or (strict and warnings.found):
+        return 1
+    mode = policy.env_mode or policy.mode
+    counted = plural(len(policy.rules), "rule")
+    if warnings.found:
+        counted += f"; {plural(len(warnings.found), 'warning')}"
+    print(f"ok: {policy.source} (mode {mode}, {counted})")
+    return 0
+
+
+def _rule_modules(policy: Policy, warnings: Problems) -> list[str]:
+    """A warning for each rule whose module cannot be found, the whole dotted path
+    resolved without importing anything, in the words of the run's ``unattached_rules``
+    finding; a rule of a shipped preset (Unique3D's stages) only earns a note, as the run
+    leaves those out. Returns the notes."""
+    notes = []
+    search = [os.getcwd(), *sys.path]  # the program runs from here, not from this script
+    for rule in policy.rules:
+        why = _locate.why_not_found(rule.module, search)
+        if not why:
+            continue
+        text = f"{why} (for {rule.target!r}): {NEVER_ATTACHES}"
+        if rule.origin.startswith("preset "):
+            notes.append(f"{rule.origin}: {rule.key}.target: {text}")
+        else:
+            warnings.add(rule.origin, f"{rule.key}.target", text)
+    return notes
+
+
+def _log_destination(policy: Policy, problems: Problems) -> None:
+    log = policy.log
+    if not log or log in ("stderr", "logging"):
+        return
+    folder = os.path.dirname(os.path.abspath(log)) or "."
+    where = (policy.log_source, "")
+    if not os.path.isdir(folder):
+        problems.add(*where, f"{log!r}: the folder {folder!r} does not exist", LOG_ALLOWED)
+    elif os.path.exists(log) and not os.path.isfile(log):
+        problems.add(*where, f"{log!r} is not a regular file", LOG_ALLOWED)
+    elif not os.access(log if os.path.exists(log) else folder, os.W_OK):
+        problems.add(*where, f"{log!r} cannot be written", "a writable file path")

@@ -1,0 +1,146 @@
+"""``autograd-guard doctor``: what would be guarded here and why."""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+import sysconfig
+
+from autograd_guard._common import environment as _environment
+from autograd_guard._common import versions as _versions
+from autograd_guard._common.state import STATE
+from autograd_guard._events.actions import plural
+from autograd_guard._policy import policy as _policy
+from autograd_guard.errors import PolicyError, Problems
+from autograd_guard.guards import available
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+    from autograd_guard._runtime.guard import Guard
+
+PTH_NAME = "autograd_guard.pth"
+RUN_ADVICE = "or run programs with 'autograd-guard run -- CMD ARGS'"
+
+
+def doctor(_: argparse.Namespace) -> int:
+    _print_setup()
+    guards = available()
+    problems = Problems()
+    try:
+        policy = _policy.load(None, guards, problems=problems)
+    except PolicyError as exc:
+        problems.found.extend(exc.problems)
+    if problems.found:
+        count = plural(len(problems.found), "problem")
+        print(f"policy        INVALID ({count}; see 'autograd-guard check')")
+        for problem in problems.found:
+            print(f"  {problem}")
+        return 1
+    print(f"policy        {policy.source}")
+    for warning in policy.warnings:
+        print(f"  warning: {warning}")
+    print(
+        f"mode          {policy.env_mode or policy.mode}"
+        f"{' (from AUTOGRAD_GUARD)' if policy.env_mode else ''}"
+    )
+    print(f"log           {policy.log or 'stderr'}")
+    print("guards")
+    for guard_class in guards:
+        _print_guard(guard_class, policy)
+    return 0
+
+
+def _print_setup() -> None:
+    from autograd_guard import __version__
+
+    python, torch = sys.version.split()[0], _versions.installed_version("torch")
+    print(f"python        {python} ({sys.executable})")
+    print(f"torch         {torch or 'not installed'}")
+    low, high = _versions.SUPPORTED_TORCH
+    print(f"supported     Python {'-'.join(_versions.SUPPORTED_PYTHON)}, torch {low}-{high}")
+    note = _versions.support_note(python, torch)
+    if note:
+        print(f"              {note}")
+    print(f"autograd-guard {__version__}")
+    pth = find_pth()
+    if pth:
+        print(f".pth          installed: {pth}")
+    else:
+        print(f".pth          MISSING: no {PTH_NAME} in {', '.join(site_dirs())}.")
+        print(f"              Setting AUTOGRAD_GUARD does nothing here. {missing_pth_advice()}")
+    print(
+        f"auto-load     {'active in this process' if STATE.started else 'not active'}"
+        f" (AUTOGRAD_GUARD {'requests it' if _environment.requested() else 'is unset or off'})"
+    )
+    print("environment")
+    for name in _environment.VARIABLES:
+        print(f"  {name}={os.environ[name]!r}" if name in os.environ else f"  {name} (unset)")
+
+
+def missing_pth_advice() -> str:
+    """What to do about a missing ``.pth``, for the way this copy was installed."""
+    import autograd_guard
+
+    folder = os.path.dirname(os.path.dirname(os.path.abspath(autograd_guard.__file__)))
+    if _editable():
+        return f"An editable install without its .pth: run 'pip install -e .' again, {RUN_ADVICE}."
+    if os.path.realpath(folder) not in {os.path.realpath(d) for d in site_dirs()}:
+        return (
+            f"autograd_guard is imported from {folder}, which is not a site-packages folder "
+            "(a 'pip install --target' folder or PYTHONPATH), and Python reads .pth files only "
+            f"in those: install it into the environment with pip, {RUN_ADVICE}."
+        )
+    return f"Reinstall the package (an installer dropped the .pth), {RUN_ADVICE}."
+
+
+def _editable() -> bool:
+    """Whether pip recorded this distribution as an editable install (PEP 660)."""
+    import json
+    from importlib import metadata
+
+    try:
+        text = metadata.distribution("autograd-guard").read_text("direct_url.json")
+        return bool(json.loads(text or "{}").get("dir_info", {}).get("editable"))
+    except (metadata.PackageNotFoundError, ValueError, AttributeError):
+        return False
+
+
+def _print_guard(guard_class: type[Guard], policy: _policy.Policy) -> None:
+    """One guard: its mode and verdict, the bug it answers, then its options and docs."""
+    name = guard_class.name
+    if guard_class.provided_by != "autograd-guard":
+        print(f"  {name:<18} third-party guard from {guard_class.provided_by}", end="")
+        print(f": UNAVAILABLE, {guard_class.unavailable}" if guard_class.unavailable else "")
+        if guard_class.unavailable:
+            return
+    guard = guard_class(policy)
+    if guard.rule_action:
+        stages = [r.target for r in policy.rules_for(guard.rule_action)]
+        why = f"rules: {', '.join(stages)}" if stages else "no rules in the policy: nothing to do"
+    else:
+        _, why = guard.needed()
+    print(f"  {name:<18} mode={guard.mode:<7} {why}")
+    for label, text in (("symptom", guard.symptom), ("upstream", guard.upstream)):
+        if text:
+            print(f"      {label:<9} {text}")
+    for option, spec in guard.options.items():
+        print(f"      {option} = {guard.config[option]!r}  # {spec.doc}")
+
+
+def site_dirs() -> list[str]:
+    dirs = list(getattr(site, "getsitepackages", list)())
+    user = site.getusersitepackages() if hasattr(site, "getusersitepackages") else None
+    dirs += [user] if user else []
+    dirs.append(sysconfig.get_paths()["purelib"])
+    return list(dict.fromkeys(dirs))
+
+
+def find_pth() -> str | None:
+    for folder in site_dirs():
+        candidate = os.path.join(folder, PTH_NAME)
+        if os.path.isfile(candidate):
+            return candidate
+    return None

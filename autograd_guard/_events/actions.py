@@ -1,0 +1,53 @@
+"""What event actions mean: which report no intervention (notes, the guard's own errors),
+which report a finding, and the words that count them, for the exit summary and
+``autograd-guard report``. ``_events.events`` itself counts actions without knowing them."""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+# Events that report no intervention: setup notes, the guard's own errors, the summary.
+NOT_INTERVENTIONS = frozenset(
+    {
+        "guard_error",
+        "load_error",
+        "bad_target",
+        "late_patch",
+        "disabled",
+        "over_byte_limit",
+        "copy_back",
+        "failure_note",
+        "compiled_unguarded",
+        "scripted_unguarded",
+        "not_converted",
+        "steps_skipped",
+        "summary",
+    }
+)
+
+# Events that report a finding: a diagnosis of the user's code; nothing was changed.
+FINDINGS = frozenset(
+    {"lost_gradient", "nonfinite_origin", "training_stalled", "unattached_rules", "zero_gradient"}
+)
+
+
+def describe_counts(rows: list[dict[str, Any]]) -> str:
+    """ "3 interventions at 2 call sites; 1 finding; 1 other event" (findings, errors and
+    notes apart)."""
+    done = [r for r in rows if r["action"] not in NOT_INTERVENTIONS | FINDINGS]
+    found = sum(r["count"] for r in rows if r["action"] in FINDINGS)
+    other = sum(r["count"] for r in rows if r["action"] in NOT_INTERVENTIONS)
+    text = (
+        f"{plural(sum(r['count'] for r in done), 'intervention')} at "
+        f"{plural(len({(r['guard'], r['callsite']) for r in done}), 'call site')}"
+    )
+    text += f"; {plural(found, 'finding')}" if found else ""
+    return text + (f"; {plural(other, 'other event')} (notes and errors)" if other else "")
+
+
+def plural(count: int, noun: str) -> str:
+    if count == 1:
+        return f"{count} {noun}"
+    return f"{count} {noun}es" if noun.endswith("s") else f"{count} {noun}s"

@@ -1,0 +1,244 @@
+"""grad_health's findings and the advice that goes with them: where a non-finite value
+came from (or why that could not be found, and what will find it), parameters that never
+get a gradient, a run that has stopped training (non-finite steps in a row) or learns
+nothing (every gradient exactly zero, step after step); and, in strict, a run that ends with a
+finding ends with a non-zero status.
+
+A mixin of ``GradHealth``. Every pointer in an event leads somewhere: the remedy of a
+non-finite step names the ``nonfinite_origin`` event only while a localiser is armed for
+it, and that event always comes (the op, or why it could not be found, at the latest at
+exit).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from autograd_guard.guards.grad_health.advice import advice
+from autograd_guard.guards.grad_health.check import parameter_names
+from autograd_guard.guards.grad_health.probe import BackwardProbe
+from autograd_guard.guards.grad_health.zero import ZERO_REMEDY
+from autograd_guard.guards.grad_health.zero import event as zero_event
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, ClassVar, NoReturn
+
+    from autograd_guard._common.environment import Mode
+    from autograd_guard.guards.grad_health.compile import EagerHooks
+    from autograd_guard.guards.grad_health.record import Record, Records
+    from autograd_guard.guards.grad_health.words import StepSites
+
+MAKE_SAFE = (
+    "make that op safe for gradients (sqrt(x + eps), clamp its input, torch.where on a "
+    "safe input) or lower the learning rate"
+)
+DETECT = "torch.autograd.detect_anomaly() (it raises at the op, at 2-3x the step's cost)"
+FIND_IT = (
+    "run with AUTOGRAD_GUARD=fix, which keeps the weights finite and names the backward op "
+    f"and forward line if the value comes again, or wrap the failing step in {DETECT}"
+)
+LOST_REMEDY = (
+    "find where the parameter leaves the autograd graph (.detach(), .data, torch.no_grad, "
+    "a NumPy round trip), or set requires_grad=False if it is meant to stay frozen"
+)
+ORIGIN_REMEDY = (
+    "make that forward operation safe for gradients: add an epsilon (sqrt(x + eps)), "
+    "clamp its input, or compute it with torch.where on a safe input"
+)
+STALL_REMEDY = (
+    "stop the run and fix the op that makes the non-finite value, or resume from a "
+    "checkpoint: a step with non-finite gradients does not train"
+)
+EXIT_STATUS = 3  # strict: a run that ended with a finding
+
+
+class Findings:
+    """The findings half of ``GradHealth``."""
+
+    name: ClassVar[str]
+    mode: Mode
+    config: dict[str, Any]
+    _records: Records
+    _hooks: EagerHooks
+    _sites: StepSites
+    _probe: BackwardProbe | None
+    _probe_site: str | None  # the step whose gradients armed it
+    _probes_left: int
+    _probe_lock: threading.Lock
+    emit: Callable[..., bool]
+    fail: Callable[[str, BaseException], None]
+    refuse: Callable[..., NoReturn]
+
+    def _nonfinite_remedy(self) -> str:
+        """What to do, pointing only at events that will come."""
+        if self.mode == "strict":
+            return f"find the op that made the value: {FIND_IT}; then {MAKE_SAFE}"
+        if self.config["localize_steps"] and (self._probe is not None or self._probes_left):
+            return (
+                "the next backward passes are recorded to name the op that made the value "
+                f"(a nonfinite_origin event follows: the op, or why it was not found); {MAKE_SAFE}"
+            )
+        return f"torch.autograd.detect_anomaly() around the failing step names the op; {MAKE_SAFE}"
+
+    def _report_lost(
+        self,
+        optimizer: Any,
+        lost: list[Any],
+        steps: int | None = None,
+        site: str | None = None,
+        retired: Record | None = None,
+    ) -> None:
+        """A finding; in strict, the step does not run (or, at exit, the status is set).
+        Of an optimizer collected before exit, only the shapes are known."""
+        if retired is not None:
+            shapes = [list(shape) for shape in retired.lost_shapes]
+            names = [f"<a parameter of shape {tuple(shape)}>" for shape in shapes]
+        else:
+            shapes, names = [list(p.shape) for p in lost], parameter_names(lost)
+        steps = steps or self.config["lost_steps"]
+        owner = f" of a {retired.kind} gone before exit" if retired is not None else ""
+        event = (
+            f"{len(names)} parameter(s){owner} got no gradient in {steps} optimizer steps "
+            f"while the others did: {', '.join(names)}"
+        )
+        fields = {"remedy": LOST_REMEDY, "parameters": names, "shapes": shapes}
+        site = site or self._sites.site(optimizer)
+        if self.mode == "strict" and optimizer is not None:
+            self.refuse(event, action="lost_gradient", callsite=site, **fields)
+        self.emit(
+            event,
+            action="lost_gradient",
+            callsite=site,
+            level="error" if self.mode == "strict" else "warning",
+            **fields,
+        )
+        if self.mode == "strict":
+            _strict_finding()
+
+    def _stalled(self, record: Record, site: str) -> None:
+        """Said when the stall starts and again each time its length doubles."""
+        on_stall = self.config["on_stall"]
+        skipped = "each was skipped" if self.mode == "fix" else "in " + self.mode
+        event = (
+            f"{record.in_a_row} optimizer steps in a row had non-finite gradients ({skipped}; "
+            f"{record.skipped} of {record.step} steps of this optimizer skipped): training "
+            "is not progressing"
+        )
+        if on_stall == "raise":
+            self.refuse(event, action="training_stalled", callsite=site, remedy=STALL_REMEDY)
+        self.emit(
+            event,
+            action="training_stalled",
+            callsite=site,
+            level="error",
+            remedy=STALL_REMEDY + ' (on_stall = "raise" stops the run instead)',
+            steps=record.in_a_row,
+            always=True,
+        )
+
+    def _zero_streak(self, optimizer: Any, record: Record, ranks: list[int] | None) -> None:
+        """Every gradient exactly zero for ``zero_steps`` steps: once per streak, a warning
+        in every mode (the steps themselves are not touched)."""
+        steps = record.zero_in_a_row
+        self.emit(
+            zero_event(type(optimizer).__name__, steps, ranks),
+            action="zero_gradient",
+            callsite=self._sites.site(optimizer),
+            remedy=ZERO_REMEDY,
+            steps=steps,
+            ranks=ranks,
+            optimizer=type(optimizer).__name__,
+        )
+
+    def _arm_probe(self, site: str) -> None:
+        passes = self.config["localize_steps"]
+        if self.mode == "strict" or not passes:
+            return
+        with self._probe_lock:
+            if self._probe is None and self._probes_left > 0:
+                self._probes_left -= 1
+                probe = BackwardProbe(passes, passes + 2, self._hooks.eager)
+                probe.arm()
+                self._probe, self._probe_site = probe, site
+
+    def _probe_finished(self, probe: BackwardProbe, at_exit: bool = False) -> None:
+        with self._probe_lock:
+            if self._probe is not probe:
+                return
+            self._probe = None
+            if probe.origin is not None or probe.tainted:  # later passes would say no more
+                self._probes_left = 0
+        if probe.error is not None:
+            self.fail("localise", probe.error)
+            self._origin_unknown("the localiser failed (a guard_error event says why)")
+        elif probe.origin is not None:
+            op, line = probe.origin
+            known = advice(op, probe.frames)  # a library function's known singular point
+            within = f" in {known[0]}" if known else ""
+            self.emit(
+                f"the first non-finite gradient came out of {op}, the backward of the "
+                f"forward operation on line {line}{within}; seen by the optimizer step",
+                action="nonfinite_origin",
+                callsite=self._probe_site or self._sites.site(None),
+                remedy=known[1] if known else ORIGIN_REMEDY,
+                op=op,
+                forward=line,
+                within=known[0] if known else None,
+            )
+        elif probe.tainted:
+            self._origin_unknown(
+                "the next backward pass ran on values that were already non-finite in the "
+                "forward pass (weights or inputs: the step that made them was let through, "
+                "as observe does), so no op there made them"
+            )
+        elif at_exit and not probe.recorded:
+            self._origin_unknown("the run ended before another backward pass")
+        else:
+            self._origin_unknown(
+                f"the next {probe.recorded} backward pass(es) had no non-finite gradient (a "
+                "one-off value: one bad batch or sample?)"
+            )
+
+    def _origin_unknown(self, why: str) -> None:
+        find = FIND_IT if self.mode != "fix" else "wrap the failing step in " + DETECT
+        self.emit(
+            f"the op that made the non-finite gradient could not be found: {why}",
+            action="nonfinite_origin",
+            callsite=self._probe_site or self._sites.site(None),
+            remedy=find,
+        )
+
+    def _at_exit(self) -> None:
+        """The run is over: an armed localiser's last word, and parameters that got no
+        gradient in a run shorter than ``lost_steps``."""
+        probe = self._probe
+        if probe is not None:
+            probe.disarm()
+            self._probe_finished(probe, at_exit=True)
+        for record in self._records.all():
+            lost = record.never_trained() if self.config["lost_steps"] else []
+            if lost:
+                self._report_lost(None, lost, steps=record.step, site=record.site)
+            elif record.lost_shapes and self.config["lost_steps"]:
+                self._report_lost(None, [], steps=record.step, site=record.site, retired=record)
+            if record.skipped:
+                self.emit(
+                    f"{record.skipped} of {record.step} optimizer steps of this {record.kind} "
+                    "were skipped (non-finite gradients)",
+                    action="steps_skipped",
+                    callsite=record.site or "-",
+                    level="error" if record.skipped == record.step else "warning",
+                    steps=record.step,
+                    skipped=record.skipped,
+                    remedy="the nonfinite_gradient events name the parameters; a skipped "
+                    "step does not train",
+                )
+
+
+def _strict_finding() -> None:
+    """strict: the process ends with a non-zero status, whatever else it did."""
+    from autograd_guard._events import events as _events
+
+    _events.fail_at_exit(EXIT_STATUS)

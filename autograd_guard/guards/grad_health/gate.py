@@ -1,0 +1,150 @@
+"""The layer between an optimizer's step hooks and its step body, where grad_health
+declines a step.
+
+torch wraps each optimizer class's ``step`` once (``Optimizer._patch_step_function``, run by
+``Optimizer.__init__``) with ``Optimizer.profile_hook_step``: the global and per-optimizer
+pre-hooks, then the body, then the post-hooks. The body is the wrapper's free variable
+``func``; the guard replaces that cell's contents with a gate, so that the check sees the
+gradients after every pre-hook (a user's hook that cleans them is respected), and a
+skipped step is a body that never ran, as ``GradScaler.step`` never calls
+``optimizer.step()`` when it finds an inf: weights, ``state``, every ``param_groups`` key,
+the optimizer's attributes and any inner optimizer are untouched, whatever the optimizer.
+The same wrapper code serves every torch from 2.1 to the newest; a class whose ``step``
+is not (or no longer) that wrapper has no gate, and the guard says it could not skip.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from autograd_guard.errors import Refused, returning_refusals
+from autograd_guard.guards.grad_health.compile import hook_wrapper, hook_wrapper_code
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    # decide(optimizer args, kwargs) -> RUN, SKIP or CLOSURE; closure_step(body, args, kwargs)
+    Decide = Callable[[tuple[Any, ...], dict[str, Any]], object]
+    Finish = Callable[[Any], None]
+    ClosureStep = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+
+RUN, SKIP, CLOSURE = "run", "skip", "closure"
+_GATE = "_autograd_guard_gate"  # marks a gate of ours
+
+
+def make_gate(body: Callable[..., Any], gates: Gates) -> Callable[..., Any]:
+    """The body behind a verdict. Traceable by Dynamo: the verdict and the closure step
+    are the guard's, disabled for Dynamo once it is imported, so a compiled step body
+    stays compiled. The step is finished before any post-hook runs (one may raise, or
+    step another optimizer)."""
+
+    def gate(*args: Any, **kwargs: Any) -> Any:
+        verdict = gates.decide(args, kwargs)
+        if verdict == SKIP:
+            return None
+        if verdict == CLOSURE:
+            verdict = gates.closure_step(body, args, kwargs)
+            if not isinstance(verdict, Refused):
+                return verdict
+        if isinstance(verdict, Refused):  # strict: raised from here, the guard's one frame
+            raise verdict.error  # autograd-guard strict: the message says why
+        try:
+            return body(*args, **kwargs)
+        finally:
+            gates.finish(args[0])
+
+    setattr(gate, _GATE, body)
+    gate.__wrapped__ = body  # type: ignore[attr-defined]
+    return gate
+
+
+class Gates:
+    """The gates in torch's step wrappers, one per wrapper, each undone by ``remove``;
+    they call the guard's ``decide``, ``finish`` and ``closure_step``."""
+
+    def __init__(self, decide: Decide, finish: Finish, closure_step: ClosureStep) -> None:
+        self._plain = (returning_refusals(decide), finish, returning_refusals(closure_step))
+        self.decide, self.finish, self.closure_step = self._plain
+        self._cells: list[tuple[Any, Any]] = []  # (cell, the body it held)
+        self._seen: dict[type, tuple[Any, bool]] = {}  # class -> (its step, gated)
+        self._code: Any = None
+
+    def ensure(self, kind: type) -> bool:
+        """Gate every torch step wrapper on ``kind``'s MRO (a subclass's ``step`` calling
+        ``super().step()`` runs two). True when the class's own ``step`` is gated."""
+        step = getattr(kind, "step", None)
+        known = self._seen.get(kind)
+        if known is not None and known[0] is step:  # not replaced since
+            return known[1]
+        gated = False
+        for index, klass in enumerate(kind.__mro__):
+            step = klass.__dict__.get("step")
+            if step is None:
+                continue
+            cell = self._body_cell(step)
+            if cell is not None:
+                if not getattr(cell.cell_contents, _GATE, None):
+                    self._cells.append((cell, cell.cell_contents))
+                    cell.cell_contents = make_gate(cell.cell_contents, self)
+                gated = gated or index == _first_step(kind)
+        self._seen[kind] = (step, gated)
+        return gated
+
+    def eager(self, disable: Callable[[Any], Any]) -> None:
+        """Dynamo is imported: the guard's functions run eagerly from now on."""
+        self.decide, self.finish, self.closure_step = (disable(f) for f in self._plain)
+
+    def gate(self, body: Callable[..., Any]) -> Callable[..., Any]:
+        """A gate for a step that torch's wrapper does not call (torch 2.1 after compile)."""
+        return make_gate(body, self)
+
+    def nested(self) -> bool:
+        """Another step's gate is on this thread's stack (its step is in progress): what
+        the guard's own count of steps in progress says is checked against the frames,
+        so a count left behind by an interrupted step (Ctrl-C) never silences it."""
+        frame = sys._getframe(1)
+        found = 0
+        while frame is not None:
+            if frame.f_code is _GATE_CODE:
+                found += 1
+                if found > 1:
+                    return True
+            frame = frame.f_back  # type: ignore[assignment]
+        return False
+
+    def step_codes(self) -> tuple[Any, ...]:
+        """The code objects of a step in progress: torch's wrapper and the gate."""
+        return tuple(code for code in (self._wrapper_code(), _GATE_CODE) if code is not None)
+
+    def remove(self) -> None:
+        for cell, body in reversed(self._cells):
+            if getattr(cell.cell_contents, _GATE, None) is body:
+                cell.cell_contents = body
+        self._cells = []
+        self._seen = {}
+
+    def _body_cell(self, step: Any) -> Any:
+        """The ``func`` cell of torch's wrapper, found through decorators' ``__wrapped__``."""
+        wrapper = hook_wrapper(step, self._wrapper_code())
+        if wrapper is None:
+            return None
+        names, closure = wrapper.__code__.co_freevars, wrapper.__closure__
+        return closure[names.index("func")] if "func" in names and closure else None
+
+    def _wrapper_code(self) -> Any:
+        if self._code is None:
+            self._code = hook_wrapper_code(sys.modules["torch"]) or False
+        return self._code or None
+
+
+def _first_step(kind: type) -> int:
+    """The MRO index of the class that defines ``kind.step``."""
+    for index, klass in enumerate(kind.__mro__):
+        if "step" in klass.__dict__:
+            return index
+    return -1
+
+
+_GATE_CODE = make_gate(print, None).__code__  # type: ignore[arg-type]  # every gate's code

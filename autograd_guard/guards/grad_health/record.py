@@ -1,0 +1,174 @@
+"""What grad_health keeps per optimizer: the parameters still waiting for a first
+gradient, the non-finite (and the all-zero) steps in a row, and the step in progress.
+
+Records are keyed by ``id(optimizer)`` and dropped when the optimizer is collected, so an
+optimizer that defines ``__eq__`` (and so is unhashable) is checked like any other.
+"""
+
+from __future__ import annotations
+
+import collections
+import weakref
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from autograd_guard.guards.grad_health.check import PendingFlag
+    from autograd_guard.guards.grad_health.dist import Sharing
+
+
+class Record:
+    """One optimizer's bookkeeping."""
+
+    __slots__ = (
+        "closure",
+        "depth",
+        "evaluations",
+        "flag",
+        "in_a_row",
+        "kind",
+        "known",
+        "live",
+        "lost_shapes",
+        "pending",
+        "shared_known",
+        "sharing",
+        "site",
+        "skipped",
+        "stale",
+        "step",
+        "suspect",
+        "trained",
+        "waiting",
+        "zero_in_a_row",
+        "zero_step",
+    )
+
+    def __init__(self) -> None:
+        self.step = 0  # optimizer steps seen
+        self.known = 0  # parameters registered for the lost-gradient check
+        self.waiting: dict[int, tuple[Any, int]] = {}  # id -> (parameter, its first step)
+        self.trained = False  # some parameter got a gradient
+        self.in_a_row = 0  # non-finite steps in a row
+        self.skipped = 0  # steps skipped (fix)
+        self.lost_shapes: list[tuple[int, ...]] = []  # never trained, once retired
+        self.kind = ""  # the optimizer's class name
+        self.site: str | None = None  # where its first step was called from
+        self.stale: list[tuple[int, int]] = []  # gradients a closure step left behind
+        self.evaluations = 0  # closure evaluations in the step in progress
+        self.depth = 0  # gated steps of this optimizer in progress (super().step() nests)
+        self.closure: tuple[Any, int] | None = None  # the step's closure and its position
+        self.flag: Any = None  # our found_inf, lent to a fused optimizer for this step
+        self.pending: collections.deque[tuple[int, PendingFlag]] = collections.deque()
+        self.sharing: Sharing | None = None  # the ranks that decide this step together
+        self.shared_known = -1  # parameters counted when ``sharing`` was found
+        self.live = -1  # the gradient probed for a value other than zero (_grad_zero)
+        self.zero_in_a_row = 0  # steps in a row whose every gradient was exactly zero
+        self.zero_step = -1  # the last step counted for that streak
+        self.suspect = False  # a probe read late said zero: read every gradient at once
+
+    def lost(self, params: list[Any], window: int) -> list[Any]:
+        """Parameters that got no gradient for ``window`` steps while others did (each
+        once). Cheap once every parameter has had a gradient."""
+        if len(params) != self.known:  # the first step, or add_param_group
+            self._register(params)
+        if not self.waiting:
+            return []
+        waiting, due = {}, []
+        for key, (param, first) in self.waiting.items():
+            if param.grad is not None:
+                self.trained = True
+            elif self.step - first + 1 >= window:
+                due.append(param)
+            else:
+                waiting[key] = (param, first)
+        self.waiting = waiting
+        return due if self.trained else []
+
+    def _register(self, params: list[Any]) -> None:
+        for param in params[self.known :]:  # groups are only ever appended
+            if param.requires_grad:
+                self.waiting[id(param)] = (param, self.step)
+        self.known = len(params)
+
+    def never_trained(self, floor: int = 3) -> list[Any]:
+        """At exit: parameters that got no gradient in all of at least ``floor`` steps of
+        theirs, while others did (a run shorter than the lost-gradient window)."""
+        if not self.trained:
+            return []
+        return [
+            param
+            for param, first in self.waiting.values()
+            if param.grad is None and self.step - first + 1 >= floor
+        ]
+
+    def retire(self) -> None:
+        """Its optimizer is gone (its parameters may follow): what is said of them at
+        exit is taken now, as shapes, holding no tensor."""
+        self.lost_shapes = [tuple(p.shape) for p in self.never_trained()]
+        self.waiting = {}
+        self.pending.clear()
+        self.sharing = None
+
+    def nonfinite(self, stall_steps: int) -> bool:
+        """Count a non-finite step; True when the run has just stalled, and again each
+        time the stall's length doubles (a bounded rate)."""
+        self.in_a_row += 1
+        self.zero_in_a_row = 0  # a non-finite step is not a zero one
+        n = self.in_a_row
+        return (
+            bool(stall_steps)
+            and n >= stall_steps
+            and n % stall_steps == 0
+            and ((n // stall_steps) & (n // stall_steps - 1) == 0)
+        )
+
+
+class Records:
+    """Records by optimizer identity, each dropped with its optimizer."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Any, Record]] = {}
+        self.retired: list[Record] = []  # of optimizers collected before exit
+
+    def get(self, optimizer: Any) -> Record:
+        key = id(optimizer)
+        entry = self._by_id.get(key)
+        if entry is not None and entry[0]() is optimizer:
+            return entry[1]
+        record = Record()
+        try:
+            ref: Any = weakref.ref(optimizer, self._dropper(key))
+        except TypeError:  # no weak references (__slots__): kept for the run
+            ref = _Strong(optimizer)
+        self._by_id[key] = (ref, record)
+        return record
+
+    def _dropper(self, key: int) -> Any:
+        def drop(_: Any) -> None:
+            entry = self._by_id.pop(key, None)
+            if entry is not None and (entry[1].skipped or entry[1].waiting):
+                record = entry[1]
+                record.retire()
+                self.retired.append(record)  # what is said of it at exit
+
+        return drop
+
+    def find(self, optimizer: Any) -> Record | None:
+        entry = self._by_id.get(id(optimizer))
+        return entry[1] if entry is not None and entry[0]() is optimizer else None
+
+    def all(self) -> list[Record]:
+        """The records of live optimizers, then those of optimizers collected already."""
+        return [record for _, record in list(self._by_id.values())] + list(self.retired)
+
+
+class _Strong:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self) -> Any:
+        return self.value

@@ -1,0 +1,136 @@
+"""grad_health's zero-gradient streak: every gradient an optimizer consumed was exactly
+zero, step after step, while the loss had a graph (``backward`` ran and made them).
+
+Symptom: the loss never moves and nothing says why; every gradient is a finite 0.0, so
+neither the non-finite check (a value that is not finite), nor the lost-gradient check (a
+gradient that is missing: ``None``), nor ``training_stalled`` (non-finite steps in a row)
+has anything to say. Seen with PyTorch3D's silhouettes rendered hard (``blur_radius=0``
+and a ``sigma`` near 0: the sigmoid saturates to exactly 1 inside faces and 0 outside), a
+term computed on detached values, a loss mask that is all zero, a ReLU network whose units
+have all died. Any library, any torch version.
+Remedy: said once per streak (``zero_steps`` steps in a row, a warning in every mode:
+the step is not touched), with what to check.
+
+Cost: one ``count_nonzero`` of one gradient per step (the smallest, or the smallest last
+seen holding a value other than zero), read with the non-finite flag on CUDA (one sync
+for both); only a step whose probed gradient is all zero reads every gradient (one sync
+per device), and remembers which one was not. Where the flag is left on the device (a
+fused optimizer lent it, observe on CUDA) the probe travels with it and is read when it
+is ready; one that reads zero makes the next steps read every gradient (a sync each)
+until one is not zero.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from autograd_guard.guards.grad_health.check import (
+    Probe,
+    gradient_values,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from autograd_guard.guards.grad_health.dist import Sharing
+    from autograd_guard.guards.grad_health.record import Record
+
+ZERO_REMEDY = (
+    "check that the loss reaches the parameters through ops with a gradient: a term "
+    "computed on detached values (.detach(), .item(), .data, NumPy) plus a zero-weighted "
+    "one; an op whose gradient is zero almost everywhere (round, argmax, a hard threshold, "
+    "a hard silhouette: PyTorch3D's SoftSilhouetteShader with blur_radius=0 and sigma near "
+    "0, where blur_radius around log(1/1e-4 - 1) * sigma and sigma around 1e-4 give "
+    "gradients); a loss mask or weight that is all zero; a ReLU network whose units are all "
+    "dead (a lower learning rate, another initialisation, LeakyReLU). A margin or hinge "
+    "loss that every sample already satisfies is zero by design (zero_steps = 0 turns this "
+    "off)"
+)
+
+
+def probe(record: Record, grads: list[Any]) -> Probe | None:
+    """A flag for the gradient last seen holding a value other than zero (None for
+    tensors that hold no values: meta, fake)."""
+    torch = sys.modules["torch"]
+    if not 0 <= record.live < len(grads):  # the first step (or fewer gradients): the smallest
+        record.live = min(range(len(grads)), key=lambda i: grads[i].numel())
+    grad = grads[record.live]
+    if type(grad) is not torch.Tensor or grad.is_meta:
+        return None
+    return Probe(grad)
+
+
+def all_zero(record: Record, grads: list[Any], flag: Probe | None) -> bool:
+    """Every value of every gradient in ``grads`` (not empty, all finite) is exactly zero;
+    the probe is read first, the rest only when it is all zero."""
+    if flag is None or flag.read():
+        return False
+    torch = sys.modules["torch"]
+    by_device: dict[Any, list[int]] = {}
+    for index, grad in enumerate(grads):
+        if type(grad) is not torch.Tensor or grad.is_meta:
+            return False  # no values to read: never said to be zero
+        by_device.setdefault(grad.device, []).append(index)
+    nonzero: list[int] = []
+    for indices in by_device.values():
+        flags = torch.stack(
+            [torch.count_nonzero(gradient_values(torch, grads[i])) for i in indices]
+        )
+        nonzero += [i for i, value in zip(indices, flags.tolist(), strict=True) if value]
+    if not nonzero:
+        return True
+    record.live = min(nonzero, key=lambda i: grads[i].numel())  # the cheapest to probe
+    return False
+
+
+def counts(record: Record, zero: bool, steps: int) -> bool:
+    """Count this step (once, however many closure evaluations it has); True when a
+    streak of ``steps`` all-zero steps has just been reached."""
+    if record.zero_step == record.step:
+        return False
+    record.zero_step = record.step
+    record.zero_in_a_row = record.zero_in_a_row + 1 if zero else 0
+    return bool(steps) and record.zero_in_a_row == steps
+
+
+def event(kind: str, steps: int, ranks: list[int] | None) -> str:
+    where = f" on every rank of its group ({', '.join(map(str, ranks))})" if ranks else ""
+    return (
+        f"every gradient this {kind} consumed{where} was exactly zero for {steps} optimizer "
+        "steps in a row (none missing, none non-finite): the loss gives the weights no "
+        "direction, so it cannot go down (the weights move, if at all, by momentum or "
+        "weight decay only)"
+    )
+
+
+class ZeroFlow:
+    """The zero-gradient half of ``StepFlow`` (``GradHealth`` reports)."""
+
+    config: dict[str, Any]
+    _zero_streak: Callable[..., None]
+
+    def _zero_probe(self, record: Record, grads: list[Any]) -> Probe | None:
+        """A probe for the streak; None when it is off or this step was counted (a
+        closure's later evaluation)."""
+        if not self.config["zero_steps"] or record.zero_step == record.step:
+            return None
+        return probe(record, grads)
+
+    def _zero_counted(
+        self, optimizer: Any, record: Record, zero: bool, sharing: Sharing | None = None
+    ) -> None:
+        if counts(record, zero, self.config["zero_steps"]) and (
+            sharing is None or sharing.first  # a group's finding: its first rank logs
+        ):
+            self._zero_streak(optimizer, record, sharing.ranks if sharing is not None else None)
+
+    def _zero_suspected(self, optimizer: Any, record: Record, grads: list[Any]) -> None:
+        """A flag left on the device: a step after one whose probe read zero reads every
+        gradient now (a sync), until one is not zero."""
+        if record.suspect:
+            flag = self._zero_probe(record, grads)
+            record.suspect = flag is not None and all_zero(record, grads, flag)
+            if flag is not None:
+                self._zero_counted(optimizer, record, record.suspect)
