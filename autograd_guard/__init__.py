@@ -4,9 +4,9 @@ The ``autograd_guard.pth`` file imports this package at interpreter start when
 ``AUTOGRAD_GUARD`` is set, so it has no module-level imports: everything is loaded
 on first use. It is imported before pytest loads the package's plugin, so pytest must
 not try to rewrite it (its warning fails ``pytest -W error``): PYTEST_DONT_REWRITE.
+No ``from __future__`` import either (a module import of its own at every start):
+annotations that name a type only a checker knows are strings.
 """
-
-from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["GuardError", "PolicyError", "__version__", "install", "status", "uninstall"]
 
 
-def install(policy: Policy | str | dict[str, Any] | None = None) -> None:
+def install(policy: "Policy | str | dict[str, Any] | None" = None) -> None:
     """Start guarding this process.
 
     ``policy`` is a path to a TOML file, the name of a shipped preset, a dict in the
@@ -35,14 +35,14 @@ def uninstall() -> None:
     _engine.uninstall()
 
 
-def status() -> dict[str, Any]:
+def status() -> "dict[str, Any]":
     """What is guarded, under which policy, and what the guards have done so far."""
     from autograd_guard._engine import engine as _engine
 
     return _engine.status()
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> "Any":
     if name == "__version__":  # kept low in the package: start plans are keyed by it
         from autograd_guard._common import VERSION
 

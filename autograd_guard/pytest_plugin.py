@@ -30,8 +30,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from autograd_guard._common import STATE
     from autograd_guard._common import environment as _environment
-    from autograd_guard._common.state import STATE
 
     if _environment.requested() and not STATE.started:
         # Set, yet the .pth never ran: an installer that drops it (kvcached#470, uv#19258).

@@ -2,7 +2,9 @@
 
 Builds the wheel, installs it into a fresh venv (and makes a twin venv without it), then
 times child interpreters round-robin so that machine noise hits every case alike.
-Prints medians and ratios against the goals of the start-up issue.
+Prints medians and ratios against the goals of the start-up issue, then, where valgrind
+is installed, the same start in instructions (``startup_instructions.py``: callgrind
+counts do not move with the machine's load).
 
     python scripts/bench_startup.py [--runs 40]
 """
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import startup_instructions
 import wheelenv
 from benchtable import Row, print_table
 
@@ -148,6 +151,9 @@ def main() -> None:
         f"start-up: medians of {args.runs} runs ({args.torch_runs} for torch), "
         f"round-robin, Python {sys.version.split()[0]}",
     )
+    if startup_instructions.available():
+        print()
+        startup_instructions.main()
 
 
 def run_round_robin(

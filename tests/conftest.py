@@ -11,7 +11,7 @@ import thirdparty
 import wheelenv
 from helpers import ROOT, STAGE_SOURCE
 
-from autograd_guard._common.state import STATE
+from autograd_guard._common import STATE
 from autograd_guard._engine import engine as _engine
 
 # Tests of PyTorch3D skipped where its compiled extension must run them (see below).

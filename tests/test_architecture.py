@@ -137,14 +137,14 @@ def test_imports_point_down_the_layers():
 
 def test_an_upward_import_is_found():
     graph = {
-        "autograd_guard._common.state": {"autograd_guard._engine.engine"},
-        "autograd_guard._engine.engine": {"autograd_guard._common.state"},
+        "autograd_guard._common.cache": {"autograd_guard._engine.engine"},
+        "autograd_guard._engine.engine": {"autograd_guard._common.cache"},
     }
     assert upward_imports(graph) == [
-        "autograd_guard._common.state (common) imports autograd_guard._engine.engine (engine)"
+        "autograd_guard._common.cache (common) imports autograd_guard._engine.engine (engine)"
     ]
     assert layer_of("autograd_guard") == 0
-    assert layer_of("autograd_guard.errors") == layer_of("autograd_guard._common.state")
+    assert layer_of("autograd_guard.errors") == layer_of("autograd_guard._common.cache")
 
 
 def test_the_package_root_is_its_public_surface():

@@ -44,7 +44,14 @@ def test_set_without_target_imports_only_the_bootstrap(guard_python, project):
     modules = "import sys; print(sorted(sys.modules))"
     unset = set(eval(run_python(guard_python, modules, project).stdout))
     guarded = set(eval(run_python(guard_python, modules, project, AUTOGRAD_GUARD="1").stdout))
-    assert {m for m in guarded - unset if not m.startswith("autograd_guard")} <= {"__future__"}
+    assert {m for m in guarded - unset if not m.startswith("autograd_guard")} == set()
+    # Three modules of the package (each costs start-up time): the plan holds, so the
+    # engine, the policy and even the post-import hooks wait for a watched module.
+    assert sorted(guarded - unset) == [
+        "autograd_guard",
+        "autograd_guard._boot",
+        "autograd_guard._common",
+    ]
 
 
 def test_stage_is_guarded_when_set(guard_python, project):
@@ -349,3 +356,43 @@ def test_a_start_plan_follows_a_policy_replaced_with_the_same_size_and_mtime(gua
     os.utime(policy, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     assert policy.stat().st_size == stamp.st_size
     assert run_python(guard_python, code, project, AUTOGRAD_GUARD="1").stdout == "True\n"
+
+
+def test_a_start_plan_follows_a_policy_that_discovery_now_finds_first(guard_python, project):
+    # The plan was made under the project's policy; a pyproject.toml with a table, nearer
+    # to the working directory, is now the one discovered: the plan must not hold.
+    work = project / "work"
+    work.mkdir()
+    (work / "other_stage.py").write_text(
+        "import torch\n\ndef fit():\n    return torch.is_grad_enabled()\n"
+    )
+    # other_stage is imported before torch: a stale plan, which does not watch it, would
+    # start the engine inside its import (of torch), too late to patch it, without an event.
+    code = (
+        "import other_stage\nimport torch\ntorch.set_grad_enabled(False)\nprint(other_stage.fit())"
+    )
+    # There from the start (a new file would change the folder's mtime, which the plan
+    # holds as a folder on sys.path): only its contents change.
+    (work / "pyproject.toml").write_text("[project]\nname = 'work'\n")
+    for _ in range(2):  # the second run starts from the plan the first one made
+        assert run_python(guard_python, code, work, AUTOGRAD_GUARD="1").stdout == "False\n"
+    (work / "pyproject.toml").write_text(
+        '[tool.autograd_guard]\nextends = "default"\n'
+        '[[tool.autograd_guard.rules]]\ntarget = "other_stage:fit"\naction = "enable_grad"\n'
+    )
+    assert run_python(guard_python, code, work, AUTOGRAD_GUARD="1").stdout == "True\n"
+
+
+def test_before_a_planned_import_status_and_uninstall_see_the_plan(guard_python, project):
+    run_python(guard_python, "pass", project, AUTOGRAD_GUARD="1")  # makes the plan
+    code = (
+        "import autograd_guard\n"
+        "status = autograd_guard.status()\n"
+        "print('torch.optim.optimizer' in status['watching'], status['installed'])\n"
+        "autograd_guard.uninstall()\n"
+        "import sys, torch.optim\n"  # a planned module: nothing may install now
+        "print(autograd_guard.status()['installed'], autograd_guard.status()['watching'])\n"
+        "print([f for f in sys.meta_path if type(f).__module__.startswith('autograd_guard')])\n"
+    )
+    out = run_python(guard_python, code, project, AUTOGRAD_GUARD="1").stdout
+    assert out == "True False\nFalse []\n[]\n"

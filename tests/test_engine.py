@@ -118,9 +118,9 @@ def test_uninstall_restores_identity_and_install_is_idempotent(toy):
 
 
 def test_uninstall_forgets_caches_and_reset_forgets_registrations(toy):
+    from autograd_guard._common import STATE
     from autograd_guard._common import versions as _versions
     from autograd_guard._common.cache import DiskCache
-    from autograd_guard._common.state import STATE
 
     autograd_guard.install(policy())
     _versions.installed_version("pytest")

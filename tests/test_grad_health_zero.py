@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import autograd_guard
-from autograd_guard._common.state import STATE
+from autograd_guard._common import STATE
 from autograd_guard.testing import capture_events
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from autograd_guard._common import STATE
 from autograd_guard._common.cache import DiskCache
-from autograd_guard._common.state import STATE
 from autograd_guard._policy import files as _policy_files
 from autograd_guard._policy import policy as _policy
 from autograd_guard.errors import PolicyError

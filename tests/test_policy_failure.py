@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from autograd_guard._common.state import STATE
+from autograd_guard._common import STATE
 from autograd_guard._engine import engine as _engine
 from autograd_guard._policy import failure as _policy_failure
 

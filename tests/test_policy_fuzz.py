@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from autograd_guard._common import STATE
 from autograd_guard._common.cache import DiskCache
-from autograd_guard._common.state import STATE
 from autograd_guard._policy import policy as _policy
 from autograd_guard._policy import schema as _policy_schema
 from autograd_guard.errors import PolicyError

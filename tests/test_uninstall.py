@@ -13,7 +13,7 @@ import torch
 
 import autograd_guard
 from autograd_guard import guards
-from autograd_guard._common.state import STATE
+from autograd_guard._common import STATE
 from autograd_guard.guard import Guard, Target, traceable
 from autograd_guard.testing import capture_events, guarded
 

@@ -1,18 +1,37 @@
 """Interpreter start-up: run by ``autograd_guard.pth`` only when ``AUTOGRAD_GUARD`` is set.
 
-The boot layer, the highest below the public surface: this bootstrap, then ``plan`` (the
-start plan), which loads the engine at the first import of a watched module.
+The boot layer, the highest below the public surface: this bootstrap, then ``plan``, which
+makes start plans and loads the engine at the first import of a watched module.
 
-Imports nothing beyond what ``site`` already has loaded. The real work waits until
-``sitecustomize``/``usercustomize`` have run, so that ``sys.path`` is complete, as
-autowrapt does.
+With a start plan that holds (the modules the guards watched at the last whole install,
+trusted while the files it read and consulted and the folders on ``sys.path`` are as they
+were), a start imports three modules of the package: ``autograd_guard``, this one and
+``_common``'s own. Each module costs start-up time, so none of them imports ``__future__``
+or ``typing`` at run time, the plan is checked here rather than in ``plan`` (which the
+slow path imports), and the plan's modules are watched by a finder of its own
+(``_Watch``) until one of them is imported.
+
+The real work waits until ``sitecustomize``/``usercustomize`` have run, so that
+``sys.path`` is complete, as autowrapt does.
 """
 
-from __future__ import annotations
-
+import os
 import sys
 
-from autograd_guard._common.state import STATE
+from autograd_guard._common import (
+    STATE,
+    VARIABLES,
+    VERSION,
+    cache_file,
+    cache_folder,
+    path_fingerprint,
+    read_entries,
+    stamp,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def bootstrap(now: bool = False) -> None:
@@ -32,11 +51,81 @@ def bootstrap(now: bool = False) -> None:
 def start() -> None:
     """Install from the environment; never let a failure here stop the interpreter."""
     try:
-        from autograd_guard._boot import plan as _startup
-
-        _startup.start()
+        _start()
     except BaseException as exc:  # start-up must never crash the host program
         sys.stderr.write(f"autograd-guard: not started, running unguarded: {exc!r}\n")
+
+
+def _start() -> None:
+    """The auto-load: from the plan if it holds, else the whole install (and a new plan)."""
+    key = plan_key()
+    modules = _modules_if_valid(read_entries(cache_file(cache_folder(), "plans")).get(key))
+    if modules is None:
+        from autograd_guard._boot import plan
+
+        plan.install_now(key)
+        return
+    STATE.watch = _Watch(modules)
+    sys.meta_path.insert(0, STATE.watch)
+    if any(name in sys.modules for name in modules):  # imported before the start
+        from autograd_guard._boot import plan
+
+        plan.hook_the_plan()
+
+
+def plan_key() -> str:
+    """What a plan is made for: this package (its folder, version and guard modules), the
+    working directory and every variable of the guard's."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:  # a guard module added or removed (an editable install) changes the folder
+        layout = str(os.stat(os.path.join(package, "guards")).st_mtime_ns)
+    except OSError:
+        layout = ""
+    settings = [os.environ.get(name, "") for name in VARIABLES]
+    return "\0".join([package, VERSION, layout, os.getcwd(), *settings])
+
+
+def _modules_if_valid(plan: "Any") -> "list[str] | None":
+    """The plan's modules, if its shape is right and nothing it depends on changed: the
+    policy files it read, the files policy discovery looked at (the same file is still
+    the one discovered) and the folders on ``sys.path``."""
+    if not isinstance(plan, dict):
+        return None
+    files, consulted, modules = plan.get("files"), plan.get("consulted"), plan.get("modules")
+    if not (isinstance(files, list) and files and isinstance(modules, list)):
+        return None
+    if not (isinstance(consulted, list) and all(isinstance(m, str) for m in modules)):
+        return None
+    if plan.get("path") != path_fingerprint():
+        return None
+    for entry in files + consulted:
+        if not isinstance(entry, list) or len(entry) != 2 or not isinstance(entry[0], str):
+            return None
+        if stamp(entry[0]) != entry[1]:
+            return None
+    return modules
+
+
+class _Watch:
+    """The plan's finder, until one of its modules is imported: a set lookup per import,
+    no lock and no hook (``_common.importer``, with both, would be one more module to
+    import at every start). That first import hands the plan to the importer's hooks,
+    and its finder then finds the module (see ``plan.hook_the_plan``)."""
+
+    def __init__(self, modules: "list[str]") -> None:
+        self.modules = frozenset(modules)
+
+    def find_spec(self, name: str, path: "Any" = None, target: "Any" = None) -> "Any":
+        if name not in self.modules:
+            return None
+        from autograd_guard._boot import plan
+
+        plan.hook_the_plan()
+        finder = STATE.finder
+        return None if finder is None else finder.find_spec(name, path, target)
+
+    def invalidate_caches(self) -> None:
+        pass
 
 
 def _is_command_line() -> bool:

@@ -7,9 +7,9 @@ import site
 import sys
 import sysconfig
 
+from autograd_guard._common import STATE
 from autograd_guard._common import environment as _environment
 from autograd_guard._common import versions as _versions
-from autograd_guard._common.state import STATE
 from autograd_guard._events.actions import plural
 from autograd_guard._policy import policy as _policy
 from autograd_guard.errors import PolicyError, Problems

@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import marshal
 import os
-import sys
 
-from autograd_guard._common import environment as _environment
-from autograd_guard._common.state import STATE
+from autograd_guard._common import CACHE_SCHEMA, STATE, cache_file, cache_folder, read_entries
+from autograd_guard._common import path_fingerprint as path_fingerprint  # where callers find it
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-SCHEMA = 2
+SCHEMA = CACHE_SCHEMA
 MAX_ENTRIES = 32  # per kind: parsed tables, plans
 
 
@@ -42,15 +41,13 @@ class DiskCache:
         self.sections: dict[str, dict[str, Any]] = {}
 
     def file_of(self, section: str) -> str | None:
-        if self.folder is None:
-            return None
-        return os.path.join(self.folder, f"{section}-{_environment_id(sys.prefix)}.marshal")
+        return cache_file(self.folder, section)
 
     @classmethod
     def shared(cls) -> DiskCache:
         """The cache of the folder the environment names now (``XDG_CACHE_HOME`` and
         ``HOME`` may change while the program runs, as each test's do)."""
-        folder = _environment.cache_folder()
+        folder = cache_folder()
         shared: DiskCache | None = STATE.disk_cache
         if shared is None or shared.folder != folder:
             shared = STATE.disk_cache = cls(folder)
@@ -76,7 +73,7 @@ class DiskCache:
 
     def _section(self, name: str) -> dict[str, Any]:
         if name not in self.sections:
-            self.sections[name] = _read(self.file_of(name))
+            self.sections[name] = read_entries(self.file_of(name))
         return self.sections[name]
 
     def _store(self, section: str, key: str, value: Any) -> None:
@@ -96,43 +93,6 @@ class DiskCache:
             os.replace(temporary, file)
         except (OSError, ValueError):
             pass
-
-
-def path_fingerprint() -> list[list[Any]]:
-    """``[folder, mtime_ns]`` of each folder on ``sys.path``: installing or removing a
-    distribution changes its folder's mtime (what entry points and start plans depend on)."""
-    stamps: list[list[Any]] = []
-    for path in sys.path:
-        try:
-            stamps.append([path, os.stat(path or ".").st_mtime_ns])
-        except OSError:
-            continue
-    return stamps
-
-
-def _read(file: str | None) -> dict[str, Any]:
-    """The file's entries, or none if it is missing, broken or of another schema."""
-    if file is None:
-        return {}
-    try:
-        with open(file, "rb") as f:
-            loaded = marshal.load(f)
-    except (OSError, EOFError, ValueError, TypeError):
-        return {}
-    if not isinstance(loaded, dict) or loaded.get("schema") != SCHEMA:
-        return {}
-    entries = loaded.get("entries")
-    if not isinstance(entries, dict):
-        return {}
-    return {k: v for k, v in entries.items() if isinstance(k, str)}
-
-
-def _environment_id(prefix: str) -> str:
-    """FNV-1a of ``sys.prefix`` (``hash()`` is salted per process)."""
-    digest = 0xCBF29CE484222325
-    for byte in prefix.encode("utf-8", "surrogateescape"):
-        digest = ((digest ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"{digest:016x}"
 
 
 def _cache_key(path: str) -> str:

@@ -1,14 +1,19 @@
-"""Every environment variable autograd-guard reads, in one place (a leaf module: the
-bootstrap imports it at interpreter start, so it imports only ``os``).
+"""Every environment variable autograd-guard reads, in one place (it imports only ``os``).
 
-The ``.pth`` line repeats the on/off test inline, so that with the variable unset not even
-this module is imported.
+The ``.pth`` line repeats the on/off test inline, so that with the variable unset nothing
+of the package is imported; a start with it set reads the cache folder through
+``_common``'s own module (``cache_folder``, ``OFF_VALUES``, re-exported here), so that it
+does not import this one.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+
+from autograd_guard._common import OFF_VALUES as OFF_VALUES  # the start reads them there
+from autograd_guard._common import VARIABLES as VARIABLES  # the names below, in one tuple
+from autograd_guard._common import cache_folder as cache_folder  # where callers find it
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,17 +38,8 @@ AUTOGRAD_GUARD_LOG = "AUTOGRAD_GUARD_LOG"
 AUTOGRAD_GUARD_CACHE = "AUTOGRAD_GUARD_CACHE"
 """``off`` stops caching parsed policies and the entry-point list on disk."""
 
-VARIABLES = (
-    AUTOGRAD_GUARD,
-    AUTOGRAD_GUARD_POLICY,
-    AUTOGRAD_GUARD_DISABLE,
-    AUTOGRAD_GUARD_LOG,
-    AUTOGRAD_GUARD_CACHE,
-)
-
 MODES: tuple[Mode, ...] = ("off", "observe", "fix", "strict")
 LOG_KEYWORDS = ("stderr", "logging")  # in any case; any other value is a file path
-OFF_VALUES = frozenset({"", "0", "off", "false", "no"})
 ON_VALUES = frozenset({"1", "true", "on", "yes"})
 
 
@@ -86,22 +82,6 @@ def policy_name(environ: Mapping[str, str] | None = None) -> str:
 def log(environ: Mapping[str, str] | None = None) -> str | None:
     value = _read(environ, AUTOGRAD_GUARD_LOG)
     return value.lower() if value.lower() in LOG_KEYWORDS else value or None
-
-
-def cache_folder(environ: Mapping[str, str] | None = None) -> str | None:
-    """Where parsed policies and entry points are cached; None when switched off, or when
-    there is no home to put it in (``HOME`` unset and no passwd entry, as for a container
-    user by uid): never a ``~`` folder in the working directory."""
-    if _read(environ, AUTOGRAD_GUARD_CACHE).lower() in OFF_VALUES - {""}:
-        return None
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):  # unset, or relative: the XDG spec ignores it
-        home = env.get("HOME") or os.path.expanduser("~")
-        if not os.path.isabs(home):
-            return None
-        base = os.path.join(home, ".cache")
-    return os.path.join(base, "autograd-guard")
 
 
 def rank() -> int | None:

@@ -4,13 +4,13 @@ This is wrapt's ``register_post_import_hook`` reduced to what the guard needs, w
 here because importing wrapt at start-up costs ~65 ms (its ``caching`` module imports
 asyncio); wrapt itself is only imported once a target module is actually imported.
 Hooks fire at once for modules that are already imported, and again after a reload.
+A start with a plan imports this module (see ``_boot``): no ``__future__`` import (a module
+of its own), so annotations that name a type only a checker knows are strings.
 """
-
-from __future__ import annotations
 
 import sys
 
-from autograd_guard._common.state import STATE
+from autograd_guard._common import STATE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     Hook = Callable[[ModuleType], None]
 
 
-def when_imported(name: str, hook: Hook) -> None:
+def when_imported(name: str, hook: "Hook") -> None:
     """Call ``hook(module)`` once ``name`` is imported (now, if it already is).
 
     The hook must not raise; callers wrap their hooks to fail open.
@@ -35,20 +35,25 @@ def when_imported(name: str, hook: Hook) -> None:
 
 
 def clear() -> None:
-    """Forget every hook and take the finder off ``sys.meta_path``."""
+    """Forget every hook and take the finders off ``sys.meta_path`` (the bootstrap's
+    ``STATE.watch`` too, see ``_boot``)."""
     with STATE.import_lock:
         STATE.hooks.clear()
+        if STATE.watch is not None and STATE.watch in sys.meta_path:
+            sys.meta_path.remove(STATE.watch)
+        STATE.watch = None
         if STATE.finder is not None and STATE.finder in sys.meta_path:
             sys.meta_path.remove(STATE.finder)
         STATE.finder = None
 
 
 def watched() -> list[str]:
+    """The modules hooked, and those the bootstrap's plan watches (``STATE.watch``)."""
     with STATE.import_lock:
-        return sorted(STATE.hooks)
+        return sorted({*STATE.hooks, *getattr(STATE.watch, "modules", ())})
 
 
-def initialising(module: ModuleType) -> bool:
+def initialising(module: "ModuleType") -> bool:
     spec = getattr(module, "__spec__", None)
     return bool(getattr(spec, "_initializing", False))
 
@@ -59,9 +64,8 @@ def _ensure_finder() -> None:
         sys.meta_path.insert(0, STATE.finder)
 
 
-def _fire(module: ModuleType) -> None:
-    with STATE.import_lock:
-        hooks = list(STATE.hooks.get(module.__name__, ()))
+def _fire(module: "ModuleType") -> None:
+    hooks = list(STATE.hooks.get(module.__name__, ()))  # one copy under the GIL: no lock
     for hook in hooks:
         hook(module)
 
@@ -72,9 +76,9 @@ class _PostImportFinder:
     def find_spec(
         self,
         fullname: str,
-        path: Sequence[str] | None = None,
-        target: ModuleType | None = None,
-    ) -> ModuleSpec | None:
+        path: "Sequence[str] | None" = None,
+        target: "ModuleType | None" = None,
+    ) -> "ModuleSpec | None":
         if fullname not in STATE.hooks:
             return None
         # Ask the finders after this one, so that this finder never recurses into itself.
@@ -105,10 +109,10 @@ class _PostImportLoader:
     def __getattr__(self, name: str) -> object:
         return getattr(self.loader, name)
 
-    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+    def create_module(self, spec: "ModuleSpec") -> "ModuleType | None":
         return self.loader.create_module(spec)  # type: ignore[attr-defined, no-any-return]
 
-    def exec_module(self, module: ModuleType) -> None:
+    def exec_module(self, module: "ModuleType") -> None:
         # Reset the loader first so that pkgutil/importlib.resources see the real one,
         # even while the module executes.
         module.__loader__ = self.loader  # type: ignore[assignment]

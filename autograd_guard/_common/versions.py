@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autograd_guard._common.state import STATE
+from autograd_guard._common import STATE
 
 # What the version matrix (noxfile.py) tests: the oldest and newest of each.
 SUPPORTED_PYTHON = ("3.10", "3.13")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import types
 
-from autograd_guard._common.state import STATE
+from autograd_guard._common import STATE
 from autograd_guard._compile.checks import refuse_in_graph, traced_callsite, translator
 from autograd_guard._compile.dynamo_frames import skipped
 from autograd_guard.errors import GuardError, drop_own_frames

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import sys
 
+from autograd_guard._common import STATE
 from autograd_guard._common import importer as _importer
 from autograd_guard._common import versions as _versions
-from autograd_guard._common.state import STATE
 from autograd_guard._engine import released as _released
 from autograd_guard._engine.unattached import report_unattached_rules
 from autograd_guard._events import events as _events
@@ -184,6 +184,7 @@ def _exclusive(run: Callable[..., None], *args: Any) -> None:
     thread itself (a post-import hook inside a compile) goes on."""
     import contextlib
 
+    STATE.follow_forks()
     with _dynamo_compile_lock() or contextlib.nullcontext(), STATE.engine_lock:
         run(*args)
 
@@ -211,6 +212,7 @@ def install_from_environment(environ: Mapping[str, str] | None = None) -> None:
 
 
 def status() -> dict[str, Any]:
+    STATE.follow_forks()
     with STATE.engine_lock:
         policy = STATE.policy
         return {

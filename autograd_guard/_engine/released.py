@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import types
 
-from autograd_guard._common.state import STATE
+from autograd_guard._common import STATE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from autograd_guard._common.state import STATE
+from autograd_guard._common import STATE
 from autograd_guard._events import events as _events
 
 # What inductor's VecISA probe runs with ``python -c`` (torch 2.1 to at least 2.15).

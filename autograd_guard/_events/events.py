@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from autograd_guard._common.state import STATE
+from autograd_guard._common import STATE
 from autograd_guard._events.sinks import STDERR
 
 TYPE_CHECKING = False

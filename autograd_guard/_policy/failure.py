@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 import sys
 
+from autograd_guard._common import STATE
 from autograd_guard._common import environment as _environment
-from autograd_guard._common.state import STATE
 from autograd_guard._events import events as _events
 from autograd_guard._events.actions import plural
 from autograd_guard._events.sinks import STDERR, printable

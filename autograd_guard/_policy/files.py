@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from autograd_guard._common import MAX_POLICY_BYTES as MAX_POLICY_BYTES  # where callers find it
 from autograd_guard._common import environment as _environment
 from autograd_guard._common.cache import DiskCache
 from autograd_guard.errors import PolicyError
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 POLICY_FILE = "autograd_guard.toml"
-MAX_POLICY_BYTES = 1 << 20
 
 
 class Discovered:
@@ -53,19 +53,25 @@ def preset_names() -> list[str]:
     return sorted(n[:-5] for n in os.listdir(presets_dir()) if n.endswith(".toml"))
 
 
-def discover(environ: Mapping[str, str] | None, cwd: str) -> Discovered:
-    """Where the policy comes from."""
+def discover(
+    environ: Mapping[str, str] | None, cwd: str, consulted: list[str] | None = None
+) -> Discovered:
+    """Where the policy comes from; the files looked at are added to ``consulted`` (a
+    start plan holds while none of them changes, see ``_boot``)."""
+    looked = [] if consulted is None else consulted
     named = _environment.policy_name(environ)
-    if named:
+    if named:  # a name is a file's where one is there, else a preset's
+        looked.append(os.path.join(cwd, os.path.expanduser(named)))
         return resolve_named(named, "AUTOGRAD_GUARD_POLICY")
     folder = os.path.abspath(cwd)
     while True:  # the nearest folder with a policy wins, as for ruff's configuration
         candidate = os.path.join(folder, POLICY_FILE)
+        pyproject = os.path.join(folder, "pyproject.toml")
+        looked += [candidate, pyproject]
         if os.path.isfile(candidate):
             return Discovered(candidate, candidate)
         if os.path.lexists(candidate):  # a setup mistake: named, never passed over
             raise _not_a_policy_file(candidate)
-        pyproject = os.path.join(folder, "pyproject.toml")
         if os.path.isfile(pyproject) and _has_tool_table(pyproject):
             return Discovered(f"{pyproject} [tool.autograd_guard]", pyproject, True)
         parent = os.path.dirname(folder)

@@ -38,7 +38,7 @@ def load(
     environ = os.environ if environ is None else environ
     guard_list = list(guards)
     found_problems = Problems() if problems is None else problems
-    files: list[str] = []  # what a start plan depends on (see _startup)
+    files: list[str] = []  # what a start plan depends on (see _boot.plan)
     if isinstance(source, dict):
         policy = _policy_schema.build("<dict>", dict(source), guard_list, found_problems, files)
     else:

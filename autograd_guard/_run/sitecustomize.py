@@ -8,11 +8,11 @@ import sys
 
 
 def _start_then_chain() -> None:
-    from autograd_guard import _boot as _bootstrap
+    from autograd_guard import _boot
     from autograd_guard._common import environment as _environment
 
     if _environment.requested():
-        _bootstrap.bootstrap(now=True)
+        _boot.bootstrap(now=True)
     here = os.path.dirname(os.path.abspath(__file__))
     rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     from importlib.machinery import PathFinder

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from types import FunctionType
 
-from autograd_guard._common.state import STATE
+from autograd_guard._common import STATE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from autograd_guard._common.state import STATE
+from autograd_guard._common import STATE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

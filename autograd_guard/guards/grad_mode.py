@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from autograd_guard._common.state import STATE
+from autograd_guard._common import STATE
 from autograd_guard._compile.checks import grad_mode_kept_in_graph, refuse_in_graph, traced_callsite
 from autograd_guard._compile.compiled import cannot_run, dynamo_fullgraph, marked_constant
 from autograd_guard._compile.inference_clones import InferenceClones
