@@ -1,9 +1,10 @@
-"""Third-party guards from the autograd_guard.guards entry-point group, installed as real
-distributions (dist-info folders) in a temporary site directory, in child interpreters."""
+"""Third-party guards, written only against the public ``autograd_guard.guard`` API: from
+the autograd_guard.guards entry-point group, installed as real distributions (dist-info
+folders) in a temporary site directory, and registered in code; in child interpreters of
+a venv holding the built wheel (``guard_python``), so that they run the package as users
+install it."""
 
 from __future__ import annotations
-
-import sys
 
 import pytest
 from helpers import run_python
@@ -54,18 +55,18 @@ def site(tmp_path):
 CALL = "import sys, thirdtarget; print(thirdtarget.double(2), 'tripleguard' in sys.modules)"
 
 
-def test_found_applied_and_broken_one_isolated(site, tmp_path):
-    result = run_python(sys.executable, CALL, tmp_path, AUTOGRAD_GUARD="1", PYTHONPATH=str(site))
+def test_found_applied_and_broken_one_isolated(guard_python, site, tmp_path):
+    result = run_python(guard_python, CALL, tmp_path, AUTOGRAD_GUARD="1", PYTHONPATH=str(site))
     assert result.stdout.split() == ["6", "True"]  # guarded by the third-party guard
     assert "[triple/triple] double() tripled" in result.stderr
     assert result.stderr.count("'broken' from brokenguard failed to load") == 1
-    again = run_python(sys.executable, CALL, tmp_path, AUTOGRAD_GUARD="1", PYTHONPATH=str(site))
+    again = run_python(guard_python, CALL, tmp_path, AUTOGRAD_GUARD="1", PYTHONPATH=str(site))
     assert again.stdout.split() == ["6", "True"]  # from the entry-point cache this time
 
 
-def test_doctor_lists_them_with_their_distribution(site, tmp_path):
+def test_doctor_lists_them_with_their_distribution(guard_python, site, tmp_path):
     result = run_python(
-        sys.executable,
+        guard_python,
         "from autograd_guard.cli import main; main(['doctor'])",
         tmp_path,
         PYTHONPATH=str(site),
@@ -74,9 +75,9 @@ def test_doctor_lists_them_with_their_distribution(site, tmp_path):
     assert "broken             third-party guard from brokenguard: UNAVAILABLE" in result.stdout
 
 
-def test_switched_off_by_name(site, tmp_path):
+def test_switched_off_by_name(guard_python, site, tmp_path):
     result = run_python(
-        sys.executable,
+        guard_python,
         CALL,
         tmp_path,
         AUTOGRAD_GUARD="1",
@@ -85,11 +86,11 @@ def test_switched_off_by_name(site, tmp_path):
     )
     assert result.stdout.split() == ["4", "False"]  # not applied, not even imported
     (tmp_path / "autograd_guard.toml").write_text("[guards.triple]\nenabled = false\n")
-    result = run_python(sys.executable, CALL, tmp_path, AUTOGRAD_GUARD="1", PYTHONPATH=str(site))
+    result = run_python(guard_python, CALL, tmp_path, AUTOGRAD_GUARD="1", PYTHONPATH=str(site))
     assert result.stdout.split()[0] == "4"
 
 
-def test_a_guard_that_breaks_while_starting_is_isolated(site, tmp_path):
+def test_a_guard_that_breaks_while_starting_is_isolated(guard_python, site, tmp_path):
     distribution(
         site,
         "startfail",
@@ -106,6 +107,35 @@ class StartFail(Guard):
 """
         },
     )
-    result = run_python(sys.executable, CALL, tmp_path, AUTOGRAD_GUARD="1", PYTHONPATH=str(site))
+    result = run_python(guard_python, CALL, tmp_path, AUTOGRAD_GUARD="1", PYTHONPATH=str(site))
     assert result.stdout.split() == ["6", "True"]  # the other guard still works
     assert "guard 'startfail' could not start; it is off" in result.stderr
+
+
+REGISTERED = """
+import autograd_guard
+from autograd_guard.guard import Guard, Target
+from autograd_guard.guards import register
+
+class HalfGuard(Guard):
+    name = "half"
+    symptom = "thirdtarget.double doubles; the user wanted the value itself"
+    remedy = "call thirdtarget.double only where a double is wanted"
+    targets = (Target("thirdtarget", "double"),)
+
+    def handle(self, call):
+        if self.report(call, "half", "double() halved"):
+            return call.proceed() // 2
+        return call.proceed()
+
+register(HalfGuard)
+autograd_guard.install({"disable": ["triple"]})
+import thirdtarget
+print(thirdtarget.double(3), [g for g in autograd_guard.status()["guards"] if g == "half"])
+"""
+
+
+def test_a_guard_registered_in_code(guard_python, site, tmp_path):
+    result = run_python(guard_python, REGISTERED, tmp_path, PYTHONPATH=str(site))
+    assert result.stdout.split() == ["3", "['half']"]  # guarded by the registered guard
+    assert "[half/half] double() halved" in result.stderr
