@@ -199,3 +199,10 @@ def test_settings_for_a_guard_that_is_not_installed_are_an_error(tmp_path, capsy
     status, _, err = check(capsys, "p.toml")
     assert status == 1
     assert err.startswith("invalid policy: p.toml: guards.acme_nerf_guard: unknown guard ")
+
+
+def test_a_mistyped_variable_is_an_invalid_setting_not_policy(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AUTOGRAD_GUARD", "stirct")
+    status, _, err = check(capsys)
+    assert status == 1
+    assert err.startswith("invalid setting: AUTOGRAD_GUARD: invalid value 'stirct'; did you ")

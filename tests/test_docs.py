@@ -115,3 +115,61 @@ def test_commands_name_what_exists(path):
             assert rest[0] in cli.COMMANDS or rest[0].startswith("-"), rest
         else:
             assert program in ("rm", "mkdocs", "nox"), program
+
+
+def _strict_stop_bullet() -> str:
+    text = " ".join((ROOT / "docs" / "configuration.md").read_text(encoding="utf-8").split())
+    return text.split("**Strict asked for:**", 1)[1].split("**Otherwise:**", 1)[0]
+
+
+def _run(python, *args: str, cwd, **env: str) -> subprocess.CompletedProcess[str]:
+    from wheelenv import clean_environ
+
+    return subprocess.run(
+        [str(python), *args],
+        cwd=cwd,
+        env=clean_environ(**env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_strict_stop_the_docs_describe_is_what_the_code_does(guard_python, tmp_path):
+    """docs/configuration.md: with strict asked for and an invalid setting, every process
+    of the environment, pip included, stops at start with the status the docs name, one
+    headline and one line per problem, no traceback; the autograd-guard command never."""
+    from autograd_guard import _policy_failure
+
+    claim = _strict_stop_bullet()
+    assert "`pip` and build tools included" in claim and "no traceback" in claim
+    assert f"exit status {_policy_failure.STOP_STATUS}," in claim
+    assert _run(guard_python, "-m", "pip", "--version", cwd=tmp_path).returncode == 0
+    pip = _run(guard_python, "-m", "pip", "--version", cwd=tmp_path, AUTOGRAD_GUARD="stirct")
+    assert (pip.returncode, pip.stdout) == (_policy_failure.STOP_STATUS, "")
+    headline, *problems = pip.stderr.splitlines()
+    assert headline.startswith("autograd-guard: invalid AUTOGRAD_GUARD value in strict mode")
+    assert len(problems) == 1 and "Traceback" not in pip.stderr
+    check = _run(
+        guard_python, "-m", "autograd_guard.cli", "check", cwd=tmp_path, AUTOGRAD_GUARD="stirct"
+    )
+    assert "(exit status 1)" in claim and check.returncode == 1
+    assert check.stderr.startswith("invalid setting: AUTOGRAD_GUARD: invalid value 'stirct'")
+
+
+def test_presets_are_listed_from_the_shipped_files(site):
+    """policies/*.toml is the list: the extends row and the presets table are generated
+    from it, and no page lists some presets by hand (unique3d was missing)."""
+    from autograd_guard import _policy_files
+
+    names = _policy_files.preset_names()
+    page = _text(site / "configuration" / "index.html")
+    assert f"a preset name ({', '.join(names)})" in page
+    assert all(f"{name} {_policy_files.preset_summary(name)[:20]}" in page for name in names)
+    listed = re.compile(r"`(\w+)`(?:,?\s+(?:or\s+|and\s+)?`(\w+)`)+")
+    only_presets = set(names) - set(_environment.MODES)  # default, unique3d
+    for path in TEXTS:
+        for found in listed.finditer(path.read_text(encoding="utf-8")):
+            words = set(re.findall(r"`(\w+)`", found.group(0)))
+            if words & only_presets and words <= set(names):
+                assert set(names) <= words, (path.name, found.group(0))
