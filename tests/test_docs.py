@@ -173,3 +173,53 @@ def test_presets_are_listed_from_the_shipped_files(site):
             words = set(re.findall(r"`(\w+)`", found.group(0)))
             if words & only_presets and words <= set(names):
                 assert set(names) <= words, (path.name, found.group(0))
+
+
+def _calls(name: str) -> set[str]:
+    """The functions of the package whose body calls ``name`` (``x.name()`` or ``name()``)."""
+    import ast
+
+    found = set()
+    for path in (ROOT / "autograd_guard").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                called = {
+                    ast.unparse(c.func).rpartition(".")[2]
+                    for c in ast.walk(node)
+                    if isinstance(c, ast.Call)
+                }
+                if name in called and node.name != name:
+                    found.add(node.name)
+    return found
+
+
+def test_the_exit_statuses_the_docs_name_are_the_codes():
+    """Only a lost gradient found at exit sets status 3 (not zero_gradient or
+    unattached_rules); an unusable policy where strict was asked for is 2."""
+    import inspect
+
+    from autograd_guard import _grad_findings, _policy_failure
+
+    section = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
+    section = " ".join(section.split("## Exit statuses", 1)[1].split("\n## ", 1)[0].split())
+    rows = dict(re.findall(r"\| (\d) \| ([^|]*) \|", section))
+    assert rows[str(_policy_failure.STOP_STATUS)].startswith("strict was asked for")
+    assert rows[str(_grad_findings.EXIT_STATUS)].startswith("`strict`: a `lost_gradient` found")
+    assert _calls("fail_at_exit") == {"_strict_finding"}
+    assert _calls("_strict_finding") == {"_report_lost"}
+    assert 'action="lost_gradient"' in inspect.getsource(_grad_findings.Findings._report_lost)
+    for finding in ("zero_gradient", "nonfinite_origin", "unattached_rules"):
+        assert f"`{finding}`" in section.split("leaves the status as it is", 1)[1]
+    for path in TEXTS:  # the old claim: "a finding at exit: status 3"
+        assert "a finding at exit" not in " ".join(path.read_text(encoding="utf-8").split())
+
+
+def test_grad_health_page_names_the_finding_correct_training_can_log():
+    """A converged hinge loss (exactly zero) logs zero_gradient after zero_steps steps."""
+    from autograd_guard.guards.grad_health import GUARD
+
+    intro = " ".join((ROOT / "docs" / "grad-health.md").read_text(encoding="utf-8").split())
+    intro = intro.split("## ", 1)[0]
+    default = GUARD.options["zero_steps"].default
+    assert f"after `zero_steps` ({default}) such steps" in intro and "hinge" in intro
+    assert "`zero_steps = 0`" in intro and "Correct training logs nothing, with one" in intro
