@@ -1,19 +1,13 @@
 """Correct code: face areas with grad (an area regulariser) beside face normals used
-without grad: the normals get no gradient, so the guard, which reroutes the call to plain
-torch, says nothing and the vertices get the library's gradient."""
+without grad: the normals get no gradient, so the guard, which keeps the library's areas
+and their backward and computes only the normals in plain torch, says nothing, and the
+vertices get the library's gradient bit for bit."""
 
 import torch
 from pytorch3d.structures import Meshes
 from pytorch3d.utils import ico_sphere
 
-TWIN = {
-    "requires": ["pytorch3d._C"],
-    "modes": ["fix", "observe", "strict"],
-    # fix and strict reroute every call whose vertices need a gradient to plain torch: the
-    # areas' gradient then differs from the compiled backward's in the last bits (a relative
-    # 3e-8 here, 201 of 486 entries), so correct code's result is not bit for bit its own
-    "xfail": "the face areas' gradient is plain torch's when guarded, not the library's",
-}
+TWIN = {"requires": ["pytorch3d._C"], "modes": ["fix", "observe", "strict"]}
 
 
 def main():
