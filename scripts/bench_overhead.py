@@ -290,10 +290,11 @@ def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:
 
 
 def face_normals_grad_rows(calls: int, blocks: int) -> list[Row]:
-    """pytorch3d_face_normals where the vertices need a gradient: fix mode runs the plain
-    torch maths whatever the wrapped function is, so the bare call is that maths, and the
-    difference is the guard's own (its wrapper, the call site, the hook on the normals;
-    in backward, the hook's one read of the normals' gradient)."""
+    """pytorch3d_face_normals where the vertices need a gradient: fix mode runs the wrapped
+    function (the library; the plain torch maths stands in for its kernel here) for the
+    areas and the plain torch maths again for the normals, so the difference is that
+    second run (the remedy) and the guard's own cost (its wrapper, the call site, the hook
+    on the normals; in backward, the hook's one read of the normals' gradient)."""
     from autograd_guard.guards.pytorch3d_face_normals import face_areas_normals
 
     guard = guard_for("pytorch3d_face_normals")
