@@ -17,11 +17,11 @@ from autograd_guard._policy import files as _policy_files
 from autograd_guard.guards import available
 
 STARTER = """\
-# autograd-guard policy. Reference: the README's "Policy" section.
+# autograd-guard policy. Reference: docs/configuration.md (every key, option and variable).
 # Every built-in guard is on, in fix mode; change what you need.
 
-# Start from a shipped preset: "default" (no rules), or "unique3d", whose rules name
-# Unique3D's mesh reconstruction stages:
+# Start from a shipped preset (its name, or a path to a policy file of yours):
+{presets}
 # extends = "unique3d"
 
 # off | observe (log only) | fix (remedy and log) | strict (raise at the risky call)
@@ -131,7 +131,11 @@ def init_policy(args: argparse.Namespace) -> int:
     if path.exists() and not args.force:
         print(f"{path} exists; use --force to overwrite it", file=sys.stderr)
         return 1
-    path.write_text(STARTER + _option_reference(), encoding="utf-8")
+    presets = [
+        f"#   {name}: {_policy_files.preset_summary(name)}" for name in _policy_files.preset_names()
+    ]
+    text = STARTER.format(presets="\n".join(presets)) + _option_reference()
+    path.write_text(text, encoding="utf-8")
     print(f"wrote {path.resolve()}")
     return 0
 

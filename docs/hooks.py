@@ -7,7 +7,8 @@
 - ``guards/index.md``: the table of every guard.
 - ``changelog.md``: ``CHANGELOG.md`` itself.
 - ``<!-- generated: NAME -->`` markers in hand-written pages: the policy keys (from
-  ``autograd_guard._policy.schema``), the environment variables
+  ``autograd_guard._policy.schema``), the shipped presets (``policies/*.toml``, each
+  one's first line), the environment variables
   (``autograd_guard._common.environment.VARIABLES`` and their docstrings) and the version-matrix
   table (the one ``nox -s table`` writes into the README).
 """
@@ -27,8 +28,8 @@ LABEL = re.compile(r"^([A-Z][a-z]+(?: [a-z]+)?): (.*)$")
 # The top-level policy keys and a guard table's own keys, described once here; the build
 # fails where the schema gains or loses a key that this list does not.
 TOP_LEVEL = {
-    "extends": "a preset name (`default`, `strict`, `observe`) or a policy file path, "
-    "relative to this file; its settings come first and this file's are merged over them",
+    "extends": "a preset name ({presets}) or a policy file path, relative to this file; "
+    "its settings come first and this file's are merged over them",
     "mode": "`off`, `observe` (log only), `fix` (remedy and log) or `strict` (raise)",
     "log": "`stderr` (one readable line per event), `logging` (the `autograd_guard` "
     "logger) or a file path (JSON lines)",
@@ -168,7 +169,9 @@ def policy_keys(guards: list[Any]) -> str:
     _same_keys("top-level", TOP_LEVEL, schema.TOP_LEVEL_KEYS)
     _same_keys("guard table", GUARD_TABLE, schema.GUARD_KEYS)
     lines = ["| key | value |", "|---|---|"]
-    lines += [f"| `{key}` | {TOP_LEVEL[key]} |" for key in schema.TOP_LEVEL_KEYS]
+    names = ", ".join(f"`{name}`" for name in _policy_files().preset_names())
+    described = {key: text.replace("{presets}", names) for key, text in TOP_LEVEL.items()}
+    lines += [f"| `{key}` | {described[key]} |" for key in schema.TOP_LEVEL_KEYS]
     lines += ["", "Every `[guards.NAME]` table takes:", "", "| key | value |", "|---|---|"]
     lines += [f"| `{key}` | {GUARD_TABLE[key]} |" for key in schema.GUARD_KEYS]
     lines += ["", "and the guard's own options:", ""]
@@ -184,6 +187,21 @@ def policy_keys(guards: list[Any]) -> str:
             lines += [", ".join(f"`{k}`" for k in keys) + ".", ""]
             if options:
                 lines += [*_options_table(options), ""]
+    return "\n".join(lines)
+
+
+def _policy_files() -> Any:
+    from autograd_guard._policy import files as _policy_files
+
+    return _policy_files
+
+
+def presets(guards: list[Any]) -> str:
+    """The shipped presets, from ``policies/*.toml``: each one's name and first line."""
+    files = _policy_files()
+    lines = ["| preset | what it is |", "|---|---|"]
+    for name in files.preset_names():
+        lines.append(f"| `{name}` | {files.preset_summary(name)} |")
     return "\n".join(lines)
 
 
@@ -232,7 +250,12 @@ def matrix(guards: list[Any]) -> str:
     return readme.split(start, 1)[1].split(end, 1)[0].strip()
 
 
-GENERATED = {"policy-keys": policy_keys, "variables": variables, "matrix": matrix}
+GENERATED = {
+    "policy-keys": policy_keys,
+    "presets": presets,
+    "variables": variables,
+    "matrix": matrix,
+}
 
 
 def on_config(config: Any) -> Any:

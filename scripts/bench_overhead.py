@@ -292,10 +292,11 @@ def measure(calls: int = 20000, blocks: int = 15) -> list[Row]:
 
 
 def face_normals_grad_rows(calls: int, blocks: int) -> list[Row]:
-    """pytorch3d_face_normals where the vertices need a gradient: fix mode runs the plain
-    torch maths whatever the wrapped function is, so the bare call is that maths, and the
-    difference is the guard's own (its wrapper, the call site, the hook on the normals;
-    in backward, the hook's one read of the normals' gradient)."""
+    """pytorch3d_face_normals where the vertices need a gradient: fix mode runs the wrapped
+    function (the library; the plain torch maths stands in for its kernel here) for the
+    areas and the plain torch maths again for the normals, so the difference is that
+    second run (the remedy) and the guard's own cost (its wrapper, the call site, the hook
+    on the normals; in backward, the hook's one read of the normals' gradient)."""
     from autograd_guard.guards.pytorch3d_face_normals import face_areas_normals
 
     guard = guard_for("pytorch3d_face_normals")
@@ -383,7 +384,9 @@ def pytorch3d_rows(add: Any, calls: int, blocks: int, goal: str) -> list[Row]:
 def silhouette_rows(calls: int, blocks: int, goal: str) -> list[Row]:
     """``renderer(meshes)`` through a guarded ``MeshRenderer.forward`` (a method), with a
     stand-in for PyTorch3D's shader module: a Phong shader, then a silhouette shader with
-    the tutorials' blur (both correct code: no event)."""
+    the tutorials' blur (both correct code: no event), then a hard silhouette
+    (``blur_radius=0``) whose 1x128x128x4 image requires grad: the guard hooks the image,
+    and in backward reads its alpha channel's gradient (its event muted)."""
     shaders = types.ModuleType("pytorch3d.renderer.mesh.shader")
 
     class SoftSilhouetteShader:
@@ -395,48 +398,75 @@ def silhouette_rows(calls: int, blocks: int, goal: str) -> list[Row]:
     shaders.SoftSilhouetteShader = SoftSilhouetteShader  # type: ignore[attr-defined]
     saved = sys.modules.get(shaders.__name__)
     sys.modules[shaders.__name__] = shaders
+    image = torch.rand(1, 128, 128, 4, requires_grad=True)
     rows = []
+    _events.mute()  # the hard silhouette's one event, at the first backward
     try:
         guard = guard_for("pytorch3d_hard_silhouette")
         wrapper = guard.wrapper_for(
             own_target(guard, "pytorch3d.renderer.mesh.renderer", "MeshRenderer.forward")
         )
-        for case, shader in (
-            ("Phong shader", SoftPhongShader()),
-            ("silhouette, blur > 0", SoftSilhouetteShader()),
+        for case, shader, blur, args, backward in (
+            ("Phong shader", SoftPhongShader(), 9.2e-4, (None,), False),
+            ("silhouette, blur > 0", SoftSilhouetteShader(), 9.2e-4, (None,), False),
+            (
+                "silhouette, blur = 0, image requires grad: forward",
+                SoftSilhouetteShader(),
+                0.0,
+                (image,),
+                False,
+            ),
+            (
+                "silhouette, blur = 0: forward + backward",
+                SoftSilhouetteShader(),
+                0.0,
+                (image,),
+                True,
+            ),
         ):
-
-            class Renderer:
-                rasterizer = types.SimpleNamespace(
-                    raster_settings=types.SimpleNamespace(blur_radius=9.2e-4)
-                )
-
-                def forward(self, meshes_world: Any, **kwargs: Any) -> Any:
-                    return meshes_world
-
-            class Guarded(Renderer):
-                pass
-
-            Guarded.forward = guarded_function(vars(Renderer)["forward"], wrapper, method=True)  # type: ignore[method-assign]
-            bare, guarded = Renderer(), Guarded()
-            bare.shader = guarded.shader = shader  # type: ignore[attr-defined]
-            base, wrapped = compare(bare.forward, guarded.forward, (None,), {}, calls, blocks)
-            rows.append(
-                Row(
-                    "per call",
-                    f"pytorch3d_hard_silhouette renderer, {case}",
-                    base,
-                    wrapped,
-                    "us",
-                    goal,
-                )
-            )
+            bare, guarded = renderer_pair(wrapper, shader, blur)
+            functions = (bare.forward, guarded.forward)
+            if backward:
+                functions = tuple(map(backward_of_alpha, functions))
+            n = calls if args == (None,) else max(calls // 20, 100)
+            base, wrapped = compare(*functions, args, {}, n, blocks)
+            name = f"pytorch3d_hard_silhouette renderer, {case}"
+            rows.append(Row("per call", name, base, wrapped, "us", goal if n == calls else ""))
     finally:
+        _events.mute(False)
         if saved is None:
             del sys.modules[shaders.__name__]
         else:
             sys.modules[shaders.__name__] = saved
     return rows
+
+
+def renderer_pair(wrapper: Any, shader: Any, blur: float) -> tuple[Any, Any]:
+    """A stand-in ``MeshRenderer`` (its forward: the image times one, a new tensor as the
+    shader's output is), bare and with the guard's wrapper on ``forward``."""
+
+    class Renderer:
+        rasterizer = types.SimpleNamespace(
+            raster_settings=types.SimpleNamespace(blur_radius=blur, faces_per_pixel=1)
+        )
+
+        def forward(self, meshes_world: Any, **kwargs: Any) -> Any:
+            return meshes_world if meshes_world is None else meshes_world * 1.0
+
+    class Guarded(Renderer):
+        pass
+
+    Guarded.forward = guarded_function(vars(Renderer)["forward"], wrapper, method=True)  # type: ignore[method-assign]
+    bare, guarded = Renderer(), Guarded()
+    bare.shader = guarded.shader = shader  # type: ignore[attr-defined]
+    return bare, guarded
+
+
+def backward_of_alpha(render: Any) -> Any:
+    def step(image: Any) -> None:
+        render(image)[..., 3].sum().backward()
+
+    return step
 
 
 def main() -> None:

@@ -157,22 +157,37 @@ def test_invalid_policy_in_strict_stops_every_program_at_start(guard_python, pro
 @pytest.mark.parametrize(
     ("policy", "env", "asked"),
     [
-        (None, {"AUTOGRAD_GUARD": "stirct"}, "AUTOGRAD_GUARD=stirct"),
-        ('mode = "strcit"\n', {"AUTOGRAD_GUARD": "1"}, "mode = 'strcit' in "),
-        (None, {"AUTOGRAD_GUARD": "1", "AUTOGRAD_GUARD_POLICY": "strcit"}, "POLICY=strcit"),
-        ("mode = 'strict'\nx = [" * 3000 + "\n", {"AUTOGRAD_GUARD": "on"}, "on line 1 of"),
+        (
+            None,
+            {"AUTOGRAD_GUARD": "stirct"},
+            "AUTOGRAD_GUARD value in strict mode (AUTOGRAD_GUARD=stirct",
+        ),
+        (
+            'mode = "strcit"\n',
+            {"AUTOGRAD_GUARD": "1"},
+            "policy in strict mode (mode = 'strcit' in ",
+        ),
+        (
+            None,
+            {"AUTOGRAD_GUARD": "1", "AUTOGRAD_GUARD_POLICY": "strcit"},
+            "_POLICY value in strict mode (AUTOGRAD_GUARD_POLICY=strcit",
+        ),
+        (
+            "mode = 'strict'\nx = [" * 3000 + "\n",
+            {"AUTOGRAD_GUARD": "on"},
+            "policy in strict mode (mode = 'strict' on line 1 of",
+        ),
     ],
 )
 def test_a_near_miss_of_strict_stops_too(guard_python, project, policy, env, asked):
-    """The message's own did-you-mean said strict: the run must not go on unguarded."""
+    """The message's own did-you-mean said strict: the run must not go on unguarded. The
+    headline names what is invalid: a variable (AUTOGRAD_GUARD=stirct) is no policy."""
     if policy is not None:
         (project / "autograd_guard.toml").write_text(policy)
     result = run_python(guard_python, CALL_STAGE, project, check=False, **env)
     assert (result.returncode, result.stdout) == (2, "")
     headline, *problems = result.stderr.splitlines()
-    assert headline.startswith("autograd-guard: invalid policy in strict mode (") and asked in (
-        headline
-    )
+    assert headline.startswith("autograd-guard: invalid ") and asked in headline
     assert problems and all(line.startswith("  ") for line in problems)
     assert "Traceback" not in result.stderr and "Fatal" not in result.stderr
 

@@ -141,3 +141,70 @@ def test_log_keywords_are_case_insensitive(tmp_path, monkeypatch):
     monkeypatch.delenv("AUTOGRAD_GUARD_LOG")
     (tmp_path / "autograd_guard.toml").write_text('log = "LOGGING"\n')
     assert _policy.load(None, available()).log == "logging"
+
+
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ('disable = ["acme_nerf_guard", "acme_nerf_guard"]\n', "disable"),
+        ("[guards.acme_nerf_guard]\nenabled = false\n", "guards.acme_nerf_guard"),
+    ],
+)
+def test_disabling_a_guard_that_is_not_installed_is_a_warning(
+    tmp_path, capsys, monkeypatch, table, key
+):
+    """It is off, as asked: said once, in check's words and a run's, and a strict policy
+    runs (as AUTOGRAD_GUARD_DISABLE=acme_nerf_guard does)."""
+    from autograd_guard._engine import engine as _engine
+    from autograd_guard._policy import failure as _policy_failure
+
+    path = tmp_path / "autograd_guard.toml"
+    path.write_text('mode = "strict"\n' + table)
+    line = f"{path}: {key}: unknown guard 'acme_nerf_guard', ignored (allowed: "
+    status, out, err = check(capsys)
+    assert status == 0 and "(mode strict, 0 rules; 1 warning)" in out
+    assert err.startswith(f"warning: {line}") and len(err.splitlines()) == 1
+    assert check(capsys, "--strict")[0] == 1
+    monkeypatch.setattr(_policy_failure.os, "_exit", pytest.fail)  # never stops
+    _engine.install_from_environment({"AUTOGRAD_GUARD": "1"})
+    said = [n for n in capsys.readouterr().err.splitlines() if "acme_nerf_guard" in n]
+    assert len(said) == 1 and said[0].startswith(f"autograd-guard: {line}")
+    assert autograd_guard_status()["guards"]["grad_mode"]["mode"] == "strict"
+
+
+def autograd_guard_status():
+    import autograd_guard
+
+    return autograd_guard.status()
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "hint"),
+    [
+        ('disable = ["grad_helth"]\n', "disable", "; did you mean 'grad_health'?"),
+        ("[guards.Grad_Helth]\nenabled = false\n", "guards.Grad_Helth", "; did you mean"),
+    ],
+)
+def test_a_typo_of_a_guard_to_disable_gets_a_did_you_mean(tmp_path, capsys, table, key, hint):
+    (tmp_path / "p.toml").write_text(table)
+    status, _, err = check(capsys, "p.toml")
+    assert status == 0 and err.startswith(f"warning: p.toml: {key}: unknown guard ")
+    assert hint in err and "'grad_health'?" in err
+
+
+@pytest.mark.parametrize(
+    "table", ["enabled = true\n", 'mode = "observe"\n', "enabled = false\nforce = true\n"]
+)
+def test_settings_for_a_guard_that_is_not_installed_are_an_error(tmp_path, capsys, table):
+    """They cannot take effect: the user expects a guard that is not there."""
+    (tmp_path / "p.toml").write_text("[guards.acme_nerf_guard]\n" + table)
+    status, _, err = check(capsys, "p.toml")
+    assert status == 1
+    assert err.startswith("invalid policy: p.toml: guards.acme_nerf_guard: unknown guard ")
+
+
+def test_a_mistyped_variable_is_an_invalid_setting_not_policy(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AUTOGRAD_GUARD", "stirct")
+    status, _, err = check(capsys)
+    assert status == 1
+    assert err.startswith("invalid setting: AUTOGRAD_GUARD: invalid value 'stirct'; did you ")

@@ -126,3 +126,33 @@ def test_the_command_line_is_never_stopped(tmp_path, capsys, stops):
     _engine.install_from_environment({"AUTOGRAD_GUARD": "strict"})
     assert stops == [] and capsys.readouterr().err == ""
     assert "speed: unknown key" in STATE.error
+
+
+@pytest.mark.parametrize(
+    ("environ", "policy", "subject"),
+    [
+        ({"AUTOGRAD_GUARD": "stirct"}, None, "invalid AUTOGRAD_GUARD value in strict mode"),
+        ({"AUTOGRAD_GUARD": "stirct"}, 'mode = "loud"\n', "invalid policy and AUTOGRAD_GUARD"),
+        ({"AUTOGRAD_GUARD": "1"}, 'mode = "strcit"\n', "invalid policy in strict mode"),
+        (
+            {"AUTOGRAD_GUARD": "1", "AUTOGRAD_GUARD_POLICY": "nope"},
+            None,
+            "invalid AUTOGRAD_GUARD_POLICY",
+        ),
+    ],
+)
+def test_the_headline_names_what_is_invalid(
+    tmp_path, capsys, stops, monkeypatch, environ, policy, subject
+):
+    """A mistyped variable is no invalid policy: the headline says which it is."""
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    if policy is not None:
+        (tmp_path / "autograd_guard.toml").write_text(policy)
+    try:
+        _engine.install_from_environment(environ)
+    except Stopped:
+        assert stops == [2]
+    headline = capsys.readouterr().err.splitlines()[0]
+    assert headline.startswith(f"autograd-guard: {subject}")
+    assert ("invalid policy" in headline) == (policy is not None)

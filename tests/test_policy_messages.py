@@ -131,5 +131,6 @@ def test_a_missing_rule_module_is_a_warning_in_check_as_in_a_run(tmp_path, capsy
     assert cli.main(["check", "--strict"]) == 1
     capsys.readouterr()
     _engine.install_from_environment({"AUTOGRAD_GUARD": "1"})  # a run takes the policy
-    assert capsys.readouterr().err == ""
+    # and says nothing of the rule at start (other guards may note libraries imported earlier)
+    assert "fitlb" not in capsys.readouterr().err
     assert _engine.status()["installed"] and _engine.status()["error"] is None

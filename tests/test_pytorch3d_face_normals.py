@@ -145,13 +145,16 @@ def test_twice_differentiable():
     assert relative_error(products[0], products[1]) < 1e-4  # float32 against float64
 
 
-def test_guarded_meshes_get_the_right_gradient_and_the_same_values():
+def test_guarded_meshes_get_the_right_gradient_and_the_same_values(monkeypatch):
     verts, faces = noisy_sphere(1)
     weights = weights_for(faces)
     reference = gradient(float64_maths, verts, faces, weights)
     unguarded = ORIGINAL(verts, faces)
     autograd_guard.install()
     assert_attached("pytorch3d_face_normals", PLACE)
+    entered = []
+    kernel = module._C.face_areas_normals_backward
+    monkeypatch.setattr(module._C, "face_areas_normals_backward", _spy(kernel, entered))
     v = verts.clone().requires_grad_()
     mesh = Meshes(verts=[v], faces=[faces])
     with capture_events() as events:
@@ -160,6 +163,9 @@ def test_guarded_meshes_get_the_right_gradient_and_the_same_values():
         ((normals.double() * weights[0]).sum() + (areas.double() * weights[1]).sum()).backward()
     assert relative_error(v.grad, reference) < 1e-6
     assert torch.equal(areas, unguarded[0]) and torch.equal(normals, unguarded[1])
+    # the areas' gradient is the library's backward, given a zero gradient for its normals
+    [grad_normals] = entered
+    assert grad_normals.shape == normals.shape and not grad_normals.any()
     [event] = events
     assert event["action"] == "redirect" and event["faces"] == faces.shape[0]
     assert "normals was corrected" in event["event"]
@@ -178,9 +184,7 @@ def test_one_event_per_call_site_and_every_entry_point_is_guarded():
             pytorch3d.ops.mesh_face_areas_normals(verts.clone().requires_grad_(), faces)[
                 1
             ].sum().backward()
-        module.mesh_face_areas_normals(verts=verts.clone().requires_grad_(), faces=faces)[
-            1
-        ].sum().backward()
+        module.mesh_face_areas_normals(verts.clone().requires_grad_(), faces)[1].sum().backward()
     assert [e["action"] for e in events] == ["redirect", "redirect"]  # two lines, two events
     assert events[0]["callsite"] != events[1]["callsite"]
     assert all(e["callsite"].startswith(__file__) for e in events)  # the forward's lines
@@ -215,14 +219,17 @@ def test_bad_input_gets_the_library_s_own_errors():
                 pytorch3d.ops.mesh_face_areas_normals(bad.clone().requires_grad_(), faces)
         with pytest.raises(ValueError, match=r"faces need to be of type torch\.int64"):
             pytorch3d.ops.mesh_face_areas_normals(verts.clone().requires_grad_(), faces.int())
+        # autograd.Function.apply takes no keywords, guarded or not
+        with pytest.raises(TypeError, match="apply\\(\\) takes no keyword arguments"):
+            pytorch3d.ops.mesh_face_areas_normals(verts=verts.clone().requires_grad_(), faces=faces)
     assert events == []
 
 
 def test_strict_raises_from_backward_where_the_normals_get_a_gradient(monkeypatch):
     autograd_guard.install("strict")
     entered = []
-    kernel = module._C.face_areas_normals_forward
-    monkeypatch.setattr(module._C, "face_areas_normals_forward", _spy(kernel, entered))
+    kernel = module._C.face_areas_normals_backward
+    monkeypatch.setattr(module._C, "face_areas_normals_backward", _spy(kernel, entered))
     verts, faces = noisy_sphere(1)
     v = verts.clone().requires_grad_()
     mesh = Meshes(verts=[v], faces=[faces])
@@ -232,7 +239,9 @@ def test_strict_raises_from_backward_where_the_normals_get_a_gradient(monkeypatc
         with pytest.raises(autograd_guard.GuardError, match="pytorch3d_face_normals") as raised:
             loss.backward()
     assert "normals received a gradient" in str(raised.value)
-    assert v.grad is None and entered == []  # no gradient reached the vertices
+    assert v.grad is None  # no gradient reached the vertices
+    # the library's backward (the areas', if it ran) never sees the normals' gradient
+    assert all(not grad_normals.any() for grad_normals in entered)
     [event] = events
     assert event["level"] == "error" and event["callsite"].startswith(__file__)
     # the same object the guard raised, its traceback the user's frames, torch's, one of ours
@@ -275,24 +284,33 @@ def test_areas_only_is_silent_with_the_library_s_gradient(mode):
         v = verts.clone().requires_grad_()
         got = [torch.autograd.grad(loss, v)[0] for loss in areas_only_uses(v, faces)]
     assert events == []
-    for ours, theirs in zip(got, expected, strict=True):
-        assert relative_error(ours, theirs) < 1e-6 and ours.abs().sum() > 0
+    for ours, theirs in zip(got, expected, strict=True):  # the library's own backward
+        assert torch.equal(ours, theirs) and ours.abs().sum() > 0
 
 
 def test_twice_differentiable_when_guarded():
+    """The normals are twice differentiable; the areas, the library's, only once, as
+    unguarded (its backward is ``once_differentiable``: a gradient without a graph)."""
     verts, faces = noisy_sphere(1)
-    weights = weights_for(faces)
+    normals_only = (weights_for(faces)[0], torch.zeros(faces.shape[0], dtype=torch.float64))
     direction = torch.randn_like(verts)
     v = verts.clone().requires_grad_()
-    (grad,) = torch.autograd.grad(loss_of(float64_maths, v, faces, weights), v, create_graph=True)
+    (grad,) = torch.autograd.grad(
+        loss_of(float64_maths, v, faces, normals_only), v, create_graph=True
+    )
     (expected,) = torch.autograd.grad((grad * direction).sum(), v)
+    (areas_grad,) = torch.autograd.grad(ORIGINAL(v, faces)[0].sum(), v, create_graph=True)
+    assert areas_grad.grad_fn is None and not areas_grad.requires_grad  # unguarded
     autograd_guard.install()
     with capture_events() as events:
-        loss = loss_of(pytorch3d.ops.mesh_face_areas_normals, v, faces, weights)
+        loss = loss_of(pytorch3d.ops.mesh_face_areas_normals, v, faces, normals_only)
         (grad,) = torch.autograd.grad(loss, v, create_graph=True)
         (hessian_direction,) = torch.autograd.grad((grad * direction).sum(), v)
+        areas = pytorch3d.ops.mesh_face_areas_normals(v, faces)[0]
+        (guarded_areas_grad,) = torch.autograd.grad(areas.sum(), v, create_graph=True)
     assert relative_error(hessian_direction, expected) < 1e-4  # float32 against float64
     assert [e["action"] for e in events] == ["redirect"]
+    assert torch.equal(guarded_areas_grad, areas_grad) and not guarded_areas_grad.requires_grad
 
 
 def test_a_compiled_caller_gets_the_fixed_gradient():
@@ -376,8 +394,10 @@ def test_an_optimizer_loop_through_the_pth(guard_python, tmp_path):
 
 
 def _spy(function, calls):
+    """``function``, noting its second argument (the normals' gradient in backward)."""
+
     def spy(*args, **kwargs):
-        calls.append(1)
+        calls.append(args[1])
         return function(*args, **kwargs)
 
     return spy

@@ -184,3 +184,19 @@ def test_uninstalling_names_the_cache_folder_the_package_uses(tmp_path):
     assert _environment.cache_folder({"XDG_CACHE_HOME": home}) == f"{home}/autograd-guard"
     command = block(README.split("## Uninstalling", 1)[1], "sh", "rm -rf")
     assert command.strip() == 'rm -rf "${XDG_CACHE_HOME:-$HOME/.cache}/autograd-guard"'
+
+
+def test_the_documentation_link_says_how_to_build_the_docs():
+    """docs/*.md hold markers where the site's tables go, and no guard pages: the
+    Documentation URL leads to the README's section that says how to serve the site, and
+    the guards are linked as their modules."""
+    from importlib.util import find_spec
+
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert urls["Documentation"].endswith("#documentation") and "## Documentation\n" in README
+    section = README.split("## Documentation\n", 1)[1]
+    assert "`python -m mkdocs serve`" in section and find_spec("mkdocs") is not None
+    assert "mkdocs-material" in section and "(autograd_guard/guards/)" in section
+    linked = re.findall(r"\]\((docs/[\w./-]+?)(?:#[\w-]+)?\)", README)
+    assert linked and all((ROOT / path).is_file() for path in linked)
+    assert "guards/" not in " ".join(linked)  # generated pages, no files

@@ -65,3 +65,11 @@ def test_a_bad_since_is_named(log, capsys):
     with pytest.raises(SystemExit):
         cli.main(["report", str(log), "--since", "yesterday"])
     assert "'yesterday' is not an ISO 8601 time" in capsys.readouterr().err
+
+
+def test_guard_names_are_read_in_any_case(log, capsys):
+    """As in the policy and the variables: GRAD_HEALTH is grad_health."""
+    data = json.loads(report(capsys, str(log), "--json", "--guard", "GRAD_HEALTH"))
+    assert [(r["guard"], r["action"]) for r in data["rows"]] == [("grad_health", "lost_gradient")]
+    assert cli.main(["report", str(log), "--guard", "Grad_Helth"]) == 2
+    assert "did you mean 'grad_health'?" in capsys.readouterr().err

@@ -13,8 +13,8 @@ from helpers import assert_attached, guard_state, run_python
 AFFECTED, NEWEST = "1.5.1", "1.19.0"
 LAUNCH = {AFFECTED: "warp.context:launch", NEWEST: "warp._src.context:launch"}  # wp.launch
 
-# The reproduction from the issue, with cpu for cuda; prints a JSON line of results.
-SCRIPT = """
+# Each child: the policy in TEST_POLICY (JSON; null: unguarded), then Warp on the CPU.
+PREAMBLE = """
 import json, os, torch
 import autograd_guard
 from autograd_guard.testing import capture_events
@@ -24,6 +24,12 @@ if policy is not None:
 import warp as wp
 wp.config.quiet = True
 wp.init()
+"""
+
+# The reproduction from the issue, with cpu for cuda; prints a JSON line of results.
+SCRIPT = (
+    PREAMBLE
+    + """
 
 @wp.kernel
 def k(x: wp.array(dtype=wp.vec3), y: wp.array(dtype=wp.vec3), z: wp.array(dtype=wp.vec3)):
@@ -85,6 +91,7 @@ result["wrapped"] = hasattr(wp.launch, "__wrapped__")
 result["status"] = autograd_guard.status()
 print(json.dumps(result, default=str))
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +212,109 @@ def test_correct_warp_code_is_silent(tmp_path, warp_cache, version, mode):
     assert_attached("warp_torch_args", LAUNCH[version], status=result["status"])
     assert result["x"] == [1.0, 1.0, 1.0] and result["z"] == [2.0, 2.0, 2.0]
     assert result["events"] == []
+
+
+# bridge_grads on a leaf, a non-leaf and a non-leaf that retains its gradient, each under a
+# Tape of its own; every warning is recorded, and every .grad read without one.
+BRIDGE = (
+    PREAMBLE
+    + """
+import warnings
+
+@wp.kernel
+def square(x: wp.array(dtype=float), z: wp.array(dtype=float)):
+    i = wp.tid(); z[i] = x[i] * x[i]
+
+def output():
+    return wp.from_torch(torch.zeros(4), requires_grad=True)
+
+def backward(tape, wp_z):
+    tape.backward(grads={wp_z: wp.ones_like(wp_z)})
+
+def error(exc):
+    return [type(exc).__name__, str(exc).splitlines()[0]]
+
+def grad(t):
+    return None if t.grad is None else t.grad.tolist()
+
+result = {}
+with warnings.catch_warnings(record=True) as caught, capture_events() as events:
+    warnings.simplefilter("always")
+    leaf = torch.arange(4.0, requires_grad=True)
+    wp_z, tape = output(), wp.Tape()
+    try:
+        with tape:
+            wp.launch(square, dim=4, inputs=[leaf], outputs=[wp_z], device="cpu")
+        backward(tape, wp_z)
+    except Exception as exc:
+        result["leaf_error"] = error(exc)
+    result["leaf_grad"] = grad(leaf)
+
+    p = torch.arange(4.0, requires_grad=True)
+    x = p * 1.0  # not a leaf: Warp's gradient in x.grad would never reach p
+    wp_z, tape = output(), wp.Tape()
+    try:
+        with tape:
+            wp.launch(square, dim=4, inputs=[x], outputs=[wp_z], device="cpu")
+        backward(tape, wp_z)
+    except Exception as exc:
+        result["non_leaf_error"] = error(exc)
+    result["non_leaf_p_grad"], result["non_leaf_retains"] = grad(p), x.retains_grad
+
+    q = torch.arange(4.0, requires_grad=True)
+    y = q * 1.0
+    y.retain_grad()  # the user asked for y.grad: it can be bridged, then sent on to q
+    wp_z, tape = output(), wp.Tape()
+    try:
+        with tape:
+            wp.launch(square, dim=4, inputs=[y], outputs=[wp_z], device="cpu")
+        backward(tape, wp_z)
+        result["retained_grad"] = grad(y)
+        y.backward(y.grad)
+    except Exception as exc:
+        result["retained_error"] = error(exc)
+        result["retained_grad"] = grad(y)
+    result["retained_q_grad"] = grad(q)
+result["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
+result["events"] = events
+print(json.dumps(result, default=str))
+"""
+)
+EXPECTED_GRAD = [0.0, 2.0, 4.0, 6.0]  # d/dx sum(x * x) = 2x at x = 0, 1, 2, 3
+BRIDGES = {"bridge_grads": True}
+
+
+def bridge_run(version, mode, tmp_path, warp_cache):
+    policy = None if mode is None else {"mode": mode, "guards": {"warp_torch_args": BRIDGES}}
+    return run(version, policy, tmp_path, warp_cache, script=BRIDGE)
+
+
+@pytest.mark.parametrize("version", [AFFECTED, NEWEST])
+def test_bridge_grads_leaves_unguarded_warnings_and_grads_alone(tmp_path, warp_cache, version):
+    unguarded = bridge_run(version, None, tmp_path, warp_cache)
+    # Unguarded, Warp rejects every tensor that requires grad, and no .grad is set.
+    for case in ("leaf", "non_leaf", "retained"):
+        assert "Can't call numpy() on Tensor that requires grad" in unguarded[f"{case}_error"][1]
+    assert unguarded["leaf_grad"] is unguarded["retained_grad"] is None
+    for mode in ("observe", "strict", "fix"):
+        guarded = bridge_run(version, mode, tmp_path, warp_cache)
+        assert guarded["warnings"] == unguarded["warnings"], mode  # no .grad warning of ours
+        # The non-leaf is left to Warp in every mode: the same error, p untouched, and named.
+        assert guarded["non_leaf_error"] == unguarded["non_leaf_error"], mode
+        assert guarded["non_leaf_p_grad"] is None and guarded["non_leaf_retains"] is False
+        [named] = [e for e in guarded["events"] if e["action"] == "not_bridged"]
+        assert named["arguments"] == ["x"] and "t.retain_grad()" in named["remedy"]
+        bridged = [e["arguments"] for e in guarded["events"] if e["action"] == "bridge_grads"]
+        if mode == "fix":
+            continue
+        # Decided, not done: nothing converted, so every .grad stays None as unguarded.
+        assert guarded["leaf_grad"] is guarded["retained_grad"] is None, mode
+        assert guarded["retained_q_grad"] is None
+        assert bridged == [["x"], ["x"]]  # the leaf and the retaining non-leaf
+        raised = "GuardError" if mode == "strict" else "RuntimeError"
+        assert guarded["leaf_error"][0] == guarded["retained_error"][0] == raised
+    # fix: the leaf gets Warp's gradient; the retaining non-leaf too, and torch sends it on.
+    assert "leaf_error" not in guarded and "retained_error" not in guarded
+    assert guarded["leaf_grad"] == guarded["retained_grad"] == EXPECTED_GRAD
+    assert guarded["retained_q_grad"] == EXPECTED_GRAD
+    assert bridged == [["x"], ["x"]]

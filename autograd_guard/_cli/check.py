@@ -8,6 +8,7 @@ import os
 import sys
 
 from autograd_guard._cli import locate as _locate
+from autograd_guard._common import environment as _environment
 from autograd_guard._events.actions import plural
 from autograd_guard._policy import policy as _policy
 from autograd_guard.errors import PolicyError, Problems
@@ -46,8 +47,9 @@ def check_policy(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     for warning in warnings.found:
         print(f"warning: {warning}", file=sys.stderr)
-    for problem in problems.found:
-        print(f"invalid policy: {problem}", file=sys.stderr)
+    for problem in problems.found:  # a variable (AUTOGRAD_GUARD=stirct) is no policy
+        label = "setting" if problem.source in _environment.VARIABLES else "policy"
+        print(f"invalid {label}: {problem}", file=sys.stderr)
     strict = getattr(args, "strict", False)
     if problems.found or policy is None or (strict and warnings.found):
         return 1

@@ -48,8 +48,9 @@ def doctor(_: argparse.Namespace) -> int:
     )
     print(f"log           {policy.log or 'stderr'}")
     print("guards")
+    width = max([len(guard_class.name) for guard_class in guards], default=0)
     for guard_class in guards:
-        _print_guard(guard_class, policy)
+        _print_guard(guard_class, policy, width)
     return 0
 
 
@@ -108,11 +109,12 @@ def _editable() -> bool:
         return False
 
 
-def _print_guard(guard_class: type[Guard], policy: _policy.Policy) -> None:
-    """One guard: its mode and verdict, the bug it answers, then its options and docs."""
+def _print_guard(guard_class: type[Guard], policy: _policy.Policy, width: int) -> None:
+    """One guard: its mode and verdict, the bug it answers, then its options and docs;
+    the name padded to ``width``, the longest guard name's, so the modes line up."""
     name = guard_class.name
     if guard_class.provided_by != "autograd-guard":
-        print(f"  {name:<18} third-party guard from {guard_class.provided_by}", end="")
+        print(f"  {name:<{width}} third-party guard from {guard_class.provided_by}", end="")
         print(f": UNAVAILABLE, {guard_class.unavailable}" if guard_class.unavailable else "")
         if guard_class.unavailable:
             return
@@ -122,7 +124,7 @@ def _print_guard(guard_class: type[Guard], policy: _policy.Policy) -> None:
         why = f"rules: {', '.join(stages)}" if stages else "no rules in the policy: nothing to do"
     else:
         _, why = guard.needed()
-    print(f"  {name:<18} mode={guard.mode:<7} {why}")
+    print(f"  {name:<{width}} mode={guard.mode:<7} {why}")
     for label, text in (("symptom", guard.symptom), ("upstream", guard.upstream)):
         if text:
             print(f"      {label:<9} {text}")

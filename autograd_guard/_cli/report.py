@@ -46,11 +46,11 @@ def report_log(args: argparse.Namespace) -> int:
     if args.since is not None:
         lines = [line for line in lines if _logged_since(line, args.since)]
     counts, events, processes, bad = _count_log(lines)
-    unknown = _unknown_guards(args.guard or [], {guard for guard, _, _ in counts})
+    wanted, unknown = _asked_guards(args.guard or [], {guard for guard, _, _ in counts})
     if unknown:
         print(unknown, file=sys.stderr)
         return 2
-    kept = [(k, n) for k, n in sorted(counts.items()) if not args.guard or k[0] in args.guard]
+    kept = [(k, n) for k, n in sorted(counts.items()) if not wanted or k[0] in wanted]
     rows: list[dict[str, Any]] = [
         {"guard": g, "action": a, "callsite": c, "count": n, "event": events.get((g, a, c), "")}
         for (g, a, c), n in kept
@@ -72,21 +72,24 @@ def report_log(args: argparse.Namespace) -> int:
     return 0
 
 
-def _unknown_guards(asked: list[str], logged: set[str]) -> str:
-    """The message for a ``--guard`` that names no guard, installed or in this log (a
-    typo, ``grad_helth``), with the closest name; "" when every name is known. A known
-    guard with no events here is fine: it just has no rows."""
+def _asked_guards(asked: list[str], logged: set[str]) -> tuple[set[str], str]:
+    """The guards ``--guard`` names, in any case (``GRAD_HEALTH``), as everywhere else;
+    and the message for one that names no guard, installed or in this log (a typo,
+    ``grad_helth``), with the closest name ("" when every name is known). A known guard
+    with no events here is fine: it just has no rows."""
     from autograd_guard.errors import closest
     from autograd_guard.guards import available
 
     known = sorted(logged | {guard.name for guard in available()})
-    wrong = [name for name in asked if name not in known]
+    spelled = {name.lower(): name for name in known}
+    wanted = {spelled.get(name.lower(), name) for name in asked}
+    wrong = [name for name in asked if name.lower() not in spelled]
     if not wrong:
-        return ""
+        return wanted, ""
     name = wrong[0]
     guess = closest(name, known)
     hint = f"; did you mean {guess!r}?" if guess else ""
-    return f"--guard: unknown guard {name!r}{hint} (allowed: {', '.join(known)})"
+    return wanted, f"--guard: unknown guard {name!r}{hint} (allowed: {', '.join(known)})"
 
 
 def aligned(table: list[list[str]], right: tuple[int, ...] = (2,)) -> list[str]:

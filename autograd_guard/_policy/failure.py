@@ -60,7 +60,7 @@ def unusable(error: PolicyError, environ: Mapping[str, str]) -> None:
 def unguarded_lines(error: PolicyError) -> list[str]:
     count = plural(len(error.problems), "problem")
     headline = (
-        f"autograd-guard: invalid policy; running unguarded ({count} to fix; "
+        f"autograd-guard: {subject(error)}; running unguarded ({count} to fix; "
         "'autograd-guard check' lists them):"
     )
     return [headline, *problem_lines(error)]
@@ -69,10 +69,21 @@ def unguarded_lines(error: PolicyError) -> list[str]:
 def stop_lines(error: PolicyError, asked: str) -> list[str]:
     count = plural(len(error.problems), "problem")
     headline = (
-        f"autograd-guard: invalid policy in strict mode ({asked}): stopped before the "
+        f"autograd-guard: {subject(error)} in strict mode ({asked}): stopped before the "
         f"program ran, exit status {STOP_STATUS} ({count} to fix; or unset AUTOGRAD_GUARD):"
     )
     return [headline, *problem_lines(error)]
+
+
+def subject(error: PolicyError) -> str:
+    """What is invalid, as the user set it: the policy, a variable (``AUTOGRAD_GUARD=stirct``
+    is no policy), or both."""
+    named = {problem.source for problem in error.problems}
+    variables = [name for name in _environment.VARIABLES if name in named]
+    if not variables:
+        return "invalid policy"
+    setting = f"invalid {' and '.join(variables)} value{'s' if len(variables) > 1 else ''}"
+    return setting if len(variables) == len(named) else f"invalid policy and {setting[8:]}"
 
 
 def problem_lines(error: PolicyError) -> list[str]:
@@ -102,7 +113,7 @@ def _log_event(error: PolicyError, environ: Mapping[str, str]) -> None:
     if STATE.log == STDERR:
         return
     _events.emit(
-        "invalid policy; running unguarded",
+        f"{subject(error)}; running unguarded",
         guard="autograd_guard",
         action="disabled",
         callsite=error.source,

@@ -53,6 +53,14 @@ def preset_names() -> list[str]:
     return sorted(n[:-5] for n in os.listdir(presets_dir()) if n.endswith(".toml"))
 
 
+def preset_summary(name: str) -> str:
+    """What a shipped preset is for, from its first line (``# autograd-guard preset
+    "NAME": SUMMARY``): the docs and ``init`` list the presets from these files."""
+    with open(os.path.join(presets_dir(), f"{name}.toml"), encoding="utf-8") as f:
+        first = f.readline()
+    return first.partition(f'preset "{name}"')[2].lstrip(":, ").strip()
+
+
 def discover(
     environ: Mapping[str, str] | None, cwd: str, consulted: list[str] | None = None
 ) -> Discovered:

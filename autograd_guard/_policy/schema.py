@@ -63,9 +63,9 @@ def build(
         if log is not None:
             base.log, base.log_source = log or None, f"the 'log' key of {source}"
     if "disable" in data:
-        base.disabled |= _disabled(problems, source, data["disable"], guards)
+        base.disabled |= _disabled(problems, source, data["disable"], guards, base.warnings)
     if "guards" in data:
-        problems.attempt(_merge_guards, source, data["guards"], guards, base.guards, problems)
+        problems.attempt(_merge_guards, source, data["guards"], guards, base, problems)
     if "rules" in data:
         base.rules += problems.attempt(_parse_rules, source, data["rules"], guards, problems) or []
     return base
@@ -77,16 +77,21 @@ def _log_destination(source: str, value: Any) -> str:
     return text.lower() if text.lower() in LOG_KEYWORDS else text
 
 
-def _disabled(problems: Problems, source: str, value: Any, guards: Guards) -> set[str]:
+def _disabled(
+    problems: Problems, source: str, value: Any, guards: Guards, warnings: list[Any]
+) -> set[str]:
     names = problems.attempt(Option(list, []).check, source, "disable", value) or []
     known = ["*", *(g.name for g in guards)]
     names = [_keyword(name, known) for name in names]
-    for name in names:
-        if name not in known:
-            problems.add(
-                source, "disable", f"unknown guard {name!r}", ", ".join(known), closest(name, known)
-            )
+    unknown = [name for name in dict.fromkeys(names) if name not in known]
+    warnings += [absent(source, "disable", name, known) for name in unknown]
     return {name for name in names if name in known}
+
+
+def absent(source: str, key: str, name: str, known: Sequence[str]) -> PolicyError:
+    """A guard to switch off that is not installed: a warning (it is off, as asked)."""
+    text = f"unknown guard {name!r}, ignored"
+    return PolicyError(source, key, text, ", ".join(known), closest(name, known))
 
 
 def _load_base(
@@ -127,20 +132,23 @@ def _merge_guards(
     source: str,
     table: Any,
     guards: Guards,
-    into: dict[str, GuardSettings],
+    into: Policy,
     problems: Problems,
 ) -> None:
+    """An absent guard's table is an error (it cannot take effect) but ``enabled = false``."""
     if not isinstance(table, dict):
         raise PolicyError(source, "guards", "must be a table of guard tables")
     by_name = {g.name: g for g in guards}
     for name, entry in table.items():
         key = f"guards.{name}"
-        if name not in by_name:
+        if name not in by_name and entry == {"enabled": False} and entry["enabled"] is False:
+            into.warnings.append(absent(source, key, name, list(by_name)))
+        elif name not in by_name:
             problems.add(source, key, "unknown guard", ", ".join(by_name), closest(name, by_name))
         elif not isinstance(entry, dict):
             problems.add(source, key, "must be a table")
         else:
-            _merge_guard(source, key, entry, by_name[name], into[name], problems)
+            _merge_guard(source, key, entry, by_name[name], into.guards[name], problems)
 
 
 def _merge_guard(
@@ -261,16 +269,8 @@ def apply_environment(
         )
     known = ["*", *guard_names]
     disabled = {_keyword(name, known) for name in _environment.disabled(environ)}
-    for name in sorted(disabled - set(known)):
-        policy.warnings.append(
-            PolicyError(
-                _environment.AUTOGRAD_GUARD_DISABLE,
-                "",
-                f"unknown guard {name!r}, ignored",
-                ", ".join(known),
-                closest(name, known),
-            )
-        )
+    variable = _environment.AUTOGRAD_GUARD_DISABLE
+    policy.warnings += [absent(variable, "", n, known) for n in sorted(disabled - set(known))]
     policy.disabled |= disabled
     log = _environment.log(environ)
     if log:

@@ -15,14 +15,18 @@ normals in plain torch and is right.
 Affected: every PyTorch3D version with the compiled op (0.1.1 on; checked on
 easypytorch3d 0.7.9.post1's CPU kernel; the CUDA kernel carries the same line, unrun).
 Upstream: none filed; the kernel source is linked below.
-Remedy: a call whose vertices need a gradient (they require grad and grad mode is on) is
-sent down ``face_areas_normals`` below: plain torch, the kernel's float32 arithmetic in its
-order (bit-identical on the CPU), differentiable twice; every other call runs the library.
-The bug bites only where the normals receive a gradient: a hook on the normals decides in
-``backward()``, so a call whose normals get none (only the areas are used, or the normals
-only without grad) or an all-zero one logs nothing. ``fix`` logs the corrected gradient
-once per call site; ``observe`` runs the library and names the call; ``strict`` raises
-from ``backward()`` (the plain torch path ran: no wrong gradient reaches the vertices).
+Remedy: a call whose vertices need a gradient (they require grad and grad mode is on)
+returns the library's own areas (its output, its backward: areas-only code is the library's
+bit for bit, its areas once differentiable as unguarded) beside normals computed by
+``face_areas_normals`` below: plain torch, the kernel's float32 arithmetic in its order
+(bit-identical on the CPU), differentiable twice. The library's normals are dropped: its
+backward gets a zero gradient for them, as when the caller uses only the areas. Every
+other call runs the library alone. The bug bites only where the normals receive a
+gradient: a hook on the normals decides in ``backward()``, so a call whose normals get none
+(only the areas are used, or the normals only without grad) or an all-zero one logs
+nothing. ``fix`` logs the corrected gradient once per call site; ``observe`` runs the
+library and names the call; ``strict`` raises from ``backward()`` (the normals are plain
+torch's: no wrong gradient reaches the vertices).
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ class PyTorch3DFaceNormals(Guard):
     affected = ">=0.1.1"  # the compiled op and its backward, unchanged since
     symptom = "mesh_face_areas_normals back-propagates a wrong gradient through the normals"
     upstream = KERNEL
-    remedy = "compute the areas and normals in plain torch, whose gradient is right"
+    remedy = "compute the normals in plain torch, whose gradient is right"
     targets = (
         Target(
             "pytorch3d.ops.mesh_face_areas_normals",
@@ -119,8 +123,9 @@ class PyTorch3DFaceNormals(Guard):
 
     def handle(self, call: Call) -> Any:
         verts, faces = call.argument("verts", 0), call.argument("faces", 1)
-        # The forward is the library's, bit for bit: only observe runs the library itself.
-        result = call.proceed() if self.mode == "observe" else face_areas_normals(verts, faces)
+        result = call.proceed()
+        if self.mode != "observe":  # the library's areas, with its own (right) backward
+            result = (result[0], face_areas_normals(verts, faces)[1])
         fields = {
             "target": str(call.target),
             "faces": int(faces.shape[0]),

@@ -13,8 +13,12 @@ the same 40 steps), and nothing is said: the settings asked about in pytorch3d#3
 Affected: every PyTorch3D version (a property of the settings, not a regression).
 Upstream: facebookresearch/pytorch3d#344; ``SoftSilhouetteShader``'s docstring and the
 tutorials (``fit_textured_mesh``, ``camera_position_optimization``) give the settings.
-Remedy: none to apply (the settings are the user's): named at the first render whose
-output requires grad, once per call site, with the numbers to use; strict raises.
+Remedy: none to apply (the settings are the user's). The settings hurt only where the
+silhouette is trained on: a hook on the rendered image decides in ``backward()``, so a hard
+silhouette rendered for a metric, a picture or a mask (detached, or left out of the loss)
+logs nothing. One whose silhouette (alpha) receives a nonzero gradient is named once per
+forward call site, with the numbers to use; ``strict`` raises from ``backward()``, before
+any gradient reaches the geometry or the camera.
 Soft RGB shaders (``SoftPhongShader``...) are left alone: their colours carry shading
 gradients with ``blur_radius=0``, so an event there would fire on working code.
 """
@@ -24,11 +28,14 @@ from __future__ import annotations
 import math
 import sys
 
+from autograd_guard.errors import GuardError, drop_own_frames
 from autograd_guard.guard import Call, Guard, Target
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    import torch
 
 MODULE = "pytorch3d.renderer.mesh.renderer"
 SHADER_MODULE = "pytorch3d.renderer.mesh.shader"
@@ -72,23 +79,49 @@ class PyTorch3DHardSilhouette(Guard):
         settings = _settings(call.instance, call.kwargs)
         sigma = _sigma(call.instance, call.kwargs)
         blur = "log(1/1e-4 - 1) * sigma" if sigma is None else f"{BLUR_PER_SIGMA * sigma:.3g}"
-        self.report(
-            call,
-            "no_silhouette_gradient",
-            "SoftSilhouetteShader rendered with blur_radius=0: pixels outside the mesh get "
-            "no face, so the silhouette's edges get no gradient and the fit cannot move "
-            f"them (sigma={sigma}, faces_per_pixel={settings.faces_per_pixel})",
-            remedy=(
-                f"RasterizationSettings(blur_radius={blur}, faces_per_pixel="
-                f"{TUTORIAL_FACES_PER_PIXEL}) (blur_radius = log(1/1e-4 - 1) * sigma, "
-                "as PyTorch3D's tutorials set it)"
-            ),
-            sigma=sigma,
-            blur_radius=float(settings.blur_radius),
-            faces_per_pixel=settings.faces_per_pixel,
-            suggested_blur_radius=None if sigma is None else BLUR_PER_SIGMA * sigma,
+        fields = {
+            "target": str(call.target),
+            "sigma": sigma,
+            "blur_radius": float(settings.blur_radius),
+            "faces_per_pixel": settings.faces_per_pixel,
+            "suggested_blur_radius": None if sigma is None else BLUR_PER_SIGMA * sigma,
+        }
+        event = (
+            "a SoftSilhouetteShader silhouette rendered with blur_radius=0 received a "
+            "gradient: with these settings pixels outside the mesh get no face, so the "
+            "silhouette's edges give the geometry no gradient and the fit cannot move them "
+            f"(sigma={sigma}, faces_per_pixel={settings.faces_per_pixel})"
         )
+        remedy = (
+            f"RasterizationSettings(blur_radius={blur}, faces_per_pixel="
+            f"{TUTORIAL_FACES_PER_PIXEL}) (blur_radius = log(1/1e-4 - 1) * sigma, "
+            "as PyTorch3D's tutorials set it)"
+        )
+        self._watch(images, call.callsite, event, remedy, fields)
         return result
+
+    def _watch(
+        self,
+        images: torch.Tensor,
+        callsite: str,
+        event: str,
+        remedy: str,
+        fields: dict[str, Any],
+    ) -> None:
+        """Decide in ``backward()``: the settings hurt only where the silhouette gets a
+        gradient. The hook holds the call site captured now, not the images (no cycle)."""
+
+        def autograd_guard_hook(grad: torch.Tensor | None) -> None:
+            try:
+                if grad is not None and _silhouette_nonzero(grad):
+                    self.report(callsite, "no_silhouette_gradient", event, remedy=remedy, **fields)
+            except GuardError as strict:
+                drop_own_frames(strict)  # this raise adds back one: its own
+                raise strict  # autograd-guard strict: the message says why
+            except Exception as exc:
+                self.fail("backward", exc)
+
+        images.register_hook(autograd_guard_hook)  # type: ignore[no-untyped-call]
 
 
 def _settings(renderer: Any, kwargs: dict[str, Any]) -> Any:
@@ -102,6 +135,17 @@ def _sigma(renderer: Any, kwargs: dict[str, Any]) -> float | None:
     params = kwargs.get("blend_params", getattr(renderer.shader, "blend_params", None))
     sigma = getattr(params, "sigma", None)
     return float(sigma) if isinstance(sigma, (int, float)) else None
+
+
+def _silhouette_nonzero(grad: torch.Tensor) -> bool:
+    """Whether the silhouette (the alpha channel, last; the shader's colour channels are
+    constant ones) got a nonzero gradient (one sync on an accelerator; ``count_nonzero``
+    reads the strided channel 2x faster than ``any`` on the CPU); True where that cannot be
+    read (under ``torch.func.vmap``): the settings may bite there."""
+    try:
+        return bool(grad[..., -1].count_nonzero())
+    except RuntimeError:
+        return True
 
 
 GUARD = PyTorch3DHardSilhouette

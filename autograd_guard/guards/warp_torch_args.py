@@ -14,8 +14,11 @@ backward pass" (1.6.0).
 Remedy: ``convert`` passes ``wp.from_torch(t, dtype=<the kernel parameter's dtype>)``,
 which has no gradient buffer to write into; ``snapshot`` copies the tensors when
 ``Tape.backward`` starts and puts back any that it changed. ``bridge_grads`` (opt-in,
-any version) converts tensors that require grad with ``requires_grad=True``, so that
-``tape.backward`` fills ``t.grad``.
+any version) converts leaf tensors that require grad (and tensors that retain their
+gradient) with ``requires_grad=True``, so that ``tape.backward`` fills ``t.grad``; only in
+fix, as that conversion sets ``t.grad`` to zeros. A non-leaf tensor is left to Warp, which
+rejects it as unguarded, and named: a gradient in its ``.grad`` would never reach the
+leaves it was computed from, and reading that ``.grad`` makes torch warn.
 """
 
 from __future__ import annotations
@@ -120,16 +123,21 @@ class WarpTorchArgs(Guard):
         inputs = list(call.argument("inputs", INPUTS) or ())
         outputs = list(call.argument("outputs", OUTPUTS) or ())
         recording = self._recording(call.args, call.kwargs)
-        bridge, exposed = [], []  # (index, parameter)
+        bridge: list[tuple[int, Any]] = []  # (index, parameter)
+        unreachable: list[tuple[int, Any]] = []
+        exposed: list[tuple[int, Any]] = []
         for index, value in enumerate(inputs + outputs):
             if not isinstance(value, torch.Tensor) or index >= len(params):
                 continue
             if value.requires_grad:
-                if self.config["bridge_grads"]:
-                    bridge.append((index, params[index]))
+                if self._bridge:
+                    grad_kept = value.is_leaf or value.retains_grad
+                    (bridge if grad_kept else unreachable).append((index, params[index]))
             elif recording and self._writes_into_tensors:
                 exposed.append((index, params[index]))
         arguments = inputs + outputs
+        if unreachable:
+            self._not_bridged(call, unreachable)
         if bridge:
             self._bridge_grads(call, warp, arguments, bridge)
         if exposed:
@@ -142,17 +150,34 @@ class WarpTorchArgs(Guard):
     def _bridge_grads(
         self, call: Call, warp: Any, arguments: list[Any], bridge: list[tuple[int, Any]]
     ) -> None:
-        # Converted first, logged after: an event only names the tensors that were bridged.
-        converted = _converted(warp, arguments, bridge, requires_grad=True)
-        names = [param.label for _, param, _ in converted]
-        if converted and self.report(
+        # Decided on a conversion without a gradient, which leaves t.grad alone, so that an
+        # event only names tensors that convert; converted with one (which sets t.grad to
+        # zeros) only in fix, after the report.
+        convertible = _converted(warp, arguments, bridge, requires_grad=False)
+        names = [param.label for _, param, _ in convertible]
+        if not convertible or not self.report(
             call,
             "bridge_grads",
             f"torch tensors {names} require grad: given a Warp gradient with wp.from_torch",
             arguments=names,
         ):
-            for index, _, array in converted:
-                arguments[index] = array
+            return
+        items = [(index, param) for index, param, _ in convertible]
+        for index, _, array in _converted(warp, arguments, items, requires_grad=True):
+            arguments[index] = array
+
+    def _not_bridged(self, call: Call, unreachable: list[tuple[int, Any]]) -> None:
+        names = _names(unreachable)
+        self.emit(
+            f"torch tensors {names} require grad but are not leaves: a Warp gradient in "
+            "their .grad would not reach the tensors they were computed from; left to Warp",
+            action="not_bridged",
+            callsite=call.callsite,
+            target=str(call.target),
+            arguments=names,
+            remedy="call t.retain_grad() before the launch and t.backward(t.grad) after "
+            "tape.backward(), or wrap the launch in a torch.autograd.Function",
+        )
 
     def _protect(
         self, call: Call, warp: Any, arguments: list[Any], exposed: list[tuple[int, Any]]

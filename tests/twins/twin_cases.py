@@ -11,6 +11,7 @@ and operators, evaluated without builtins), never by importing the case:
         "libraries": ["gsplat"],         # third-party folders the program imports
         "files": {"pkg/mod.py": "..."},  # more modules beside case.py
         "xfail": "why",                  # a known difference, fixed elsewhere
+        "requires": ["pytorch3d._C"],    # compiled code the program runs (see REQUIRES)
     }
 
 On correct code ``fix`` is enough, as ``strict`` raises exactly where ``fix`` would log; a
@@ -36,7 +37,7 @@ from pathlib import Path
 CASES_DIR = Path(__file__).resolve().parent / "cases"
 MODES = ("fix", "observe", "strict")
 DEFAULT_MODES = ("fix",)
-CASE_KEYS = {"policy", "modes", "libraries", "files", "xfail"}
+CASE_KEYS = {"policy", "modes", "libraries", "files", "xfail", "requires"}
 EXPECTATION_KEYS = {"events", "maybe", "like", "raises", "stderr"}
 LIBRARIES = {
     "gsplat",
@@ -48,6 +49,11 @@ LIBRARIES = {
     "accelerate",
     "lightning",
 }
+# Compiled code a case may need, and the test file that runs such cases (where that code
+# imports; test_twins.py runs only the cases that need none of it). PyTorch3D's compiled
+# extension comes from the environment's own PyTorch3D, never from the Python-only copy
+# that ``"libraries": ["pytorch3d"]`` puts first on the path.
+REQUIRES = {"pytorch3d._C": "tests/test_pytorch3d_twins.py"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,7 @@ class Case:
     libraries: tuple[str, ...] = ()
     files: dict[str, str] = field(default_factory=dict)
     xfail: str | None = None
+    requires: tuple[str, ...] = ()
 
     def variants(self) -> list[str]:
         """The runs a comparison needs: the unguarded ones, then each guarded mode."""
@@ -95,6 +102,14 @@ def load_case(path: Path) -> Case:
     libraries = tuple(spec.get("libraries", ()))
     if not set(libraries) <= LIBRARIES:
         raise ValueError(f"{path.name}: libraries must be from {sorted(LIBRARIES)}")
+    requires = tuple(spec.get("requires", ()))
+    if not set(requires) <= set(REQUIRES):
+        raise ValueError(f"{path.name}: requires must be from {sorted(REQUIRES)}")
+    if "pytorch3d._C" in requires and "pytorch3d" in libraries:
+        raise ValueError(
+            f"{path.name}: requires pytorch3d._C, which the Python-only library 'pytorch3d' "
+            "would hide: leave 'pytorch3d' out of libraries"
+        )
     return Case(
         name=path.stem,
         source=source,
@@ -104,6 +119,7 @@ def load_case(path: Path) -> Case:
         libraries=libraries,
         files=dict(spec.get("files", {})),
         xfail=spec.get("xfail"),
+        requires=requires,
     )
 
 
