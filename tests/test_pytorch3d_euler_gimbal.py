@@ -260,3 +260,58 @@ def test_uninstall_restores_the_original():
     assert pytorch3d.transforms.matrix_to_euler_angles.__wrapped__ is ORIGINAL
     autograd_guard.uninstall()
     assert pytorch3d.transforms.matrix_to_euler_angles is rc.matrix_to_euler_angles is ORIGINAL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_at_the_lock_rotation_parameters_get_clean_gradients_a_leaf_matrix_huge(dtype):
+    # The realistic path: angles or a quaternion are the parameters; their gradient through
+    # the remedy is small. A leaf matrix at the lock gets a finite but huge one from the
+    # outer angles' atan2 near (0, 0) (1e16 in float64): no longer a skipped step, but one
+    # that may jump.
+    q = torch.tensor([math.cos(math.pi / 4), 0, math.sin(math.pi / 4), 0], dtype=dtype)
+    angles = torch.tensor([0.3, math.pi / 2, -0.2], dtype=dtype)
+    for parameter, rotation in ((q, quaternion_to_matrix), (angles, _xyz)):
+        parameter = parameter.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(remedy(rotation(parameter), "XYZ").sum(), parameter)
+        assert torch.isfinite(grad).all() and grad.abs().max() <= 1.0 + 1e-6
+    matrix = euler_angles_to_matrix(torch.tensor([0, math.pi / 2, 0], dtype=dtype), "XYZ")
+    (grad,) = torch.autograd.grad(remedy(matrix.requires_grad_(), "XYZ").sum(), matrix)
+    assert torch.isfinite(grad).all() and grad.abs().max() > 1e6
+
+
+def _xyz(angles: torch.Tensor) -> torch.Tensor:
+    return euler_angles_to_matrix(angles, "XYZ")
+
+
+def library_grad(matrices: torch.Tensor, convention: str) -> torch.Tensor:
+    matrices = matrices.clone().requires_grad_()
+    return torch.autograd.grad(ORIGINAL(matrices, convention).sum(), matrices)[0]
+
+
+@pytest.mark.parametrize("mode", ["fix", "observe", "strict"])
+def test_under_vmap_silent_and_the_librarys_gradient(mode):
+    # torch.func.vmap makes the count at the lock unreadable: the library's own behaviour,
+    # no event, no guard error, far from the lock and at it.
+    autograd_guard.install({"mode": mode})
+    grad = torch.func.grad(lambda m: pytorch3d.transforms.matrix_to_euler_angles(m, "XYZ").sum())
+    away, lock = random_rotations(2), torch.stack((at_lock("XYZ"), random_rotations(1)[0]))
+    with capture_events() as events:
+        ours = [torch.func.vmap(grad)(m) for m in (away, lock)]
+    assert events == []
+    theirs = [library_grad(m, "XYZ") for m in (away, lock)]
+    assert torch.allclose(ours[0], theirs[0])
+    assert bool(torch.isfinite(ours[1]).all()) is not BUG
+
+
+def test_under_func_grad_the_remedy_works_then_the_event():
+    autograd_guard.install({})
+    function = torch.func.grad(lambda m: pytorch3d.transforms.matrix_to_euler_angles(m, "ZYX")[1])
+    with capture_events() as events:
+        away = random_rotations(1)[0]
+        assert torch.equal(function(away), torch.func.grad(lambda m: ORIGINAL(m, "ZYX")[1])(away))
+        assert events == []
+        grad = function(at_lock("ZYX"))
+    assert torch.isfinite(grad).all()
+    assert [e["action"] for e in events] == (["finite_gradient"] if BUG else [])
+    if BUG:
+        assert "non-finite: inf or NaN" in events[0]["event"]

@@ -36,7 +36,16 @@ entry of exactly +-1 the derivative at the nearest representable entry inside th
 interval (``1/sqrt(eps)``: 2896 in float32) instead of ``inf``, and ``atan2`` (the same
 call) has torch's backward except a 0 where both arguments are 0. The step then goes ahead
 for the other angles, rotations and parameters; at the lock itself the middle angle's
-own gradient is zero, as its one-sided derivative through a rotation is.
+own gradient is zero, as its one-sided derivative through a rotation is. The common path
+(angles or quaternions as the parameters) then gets clean gradients (at most 1 at the
+lock); where the matrix itself is the parameter (a leaf), the first and third angles'
+``atan2`` near (0, 0) gives it a finite but huge gradient at the lock (2e7 in float32,
+1e16 in float64): the remedy turns a skipped step into one that may jump.
+Cost: where the bug exists, one sync per call whose matrix needs a gradient (counting the
+entries at +-1, to decide and to log); none where it does not. Under ``torch.func``: with
+``grad``/``jacrev`` the remedy works (its autograd functions have ``setup_context`` and a
+generated vmap rule) and the event follows it; under ``vmap`` the count cannot be read,
+and the guard stays out of the way (the library's behaviour, no event).
 """
 
 from __future__ import annotations
@@ -86,22 +95,37 @@ class PyTorch3DEulerGimbal(Guard):
         middle = _middle_entry(matrix, convention)
         if middle is None or not nonfinite_at_lock(call.original):
             return call.proceed()  # the library refuses it, or its gradient is finite here
-        at_lock = int((middle.abs() >= 1.0).sum())  # one sync
+        at_lock = _count_at_lock(middle)  # one sync; None under torch.func.vmap
         if not at_lock:
             return call.proceed()
+        # The remedy first, the event after: no fix is claimed that did not happen.
+        fixed = matrix_to_euler_angles(matrix, convention) if self.mode == "fix" else None
         if not self.report(
             call,
             "finite_gradient",
             f"matrix_to_euler_angles({convention!r}) at gimbal lock: the middle angle's "
             f"{'asin' if convention[0] != convention[2] else 'acos'} gets a finite "
-            "derivative instead of inf (its gradient was NaN)",
+            "derivative instead of inf (its gradient was non-finite: inf or NaN)",
             convention=convention,
             rotations_at_lock=at_lock,
             rotations=int(middle.numel()),
             dtype=str(matrix.dtype),
         ):
             return call.proceed()
-        return matrix_to_euler_angles(matrix, convention)
+        return fixed
+
+
+def _count_at_lock(middle: Any) -> int | None:
+    """How many middle entries are at +-1 (one sync); None where a functorch transform
+    (``torch.func.vmap``) makes the count unreadable: the guard then stays out of the way."""
+    import torch
+
+    try:
+        return int((middle.abs() >= 1.0).sum())
+    except RuntimeError:
+        if torch._C._functorch.is_functorch_wrapped_tensor(middle):
+            return None
+        raise
 
 
 _AT_LOCK: dict[Any, bool] = {}  # the library's function -> its gradient at the lock is not finite
@@ -121,11 +145,14 @@ def _probe(function: Any) -> bool:
     ("ZYZ", acos): two float32 3x3 matrices on the CPU."""
     import torch
 
+    def middle(matrices: Any) -> Any:
+        return function(matrices[0], "XYZ")[1] + function(matrices[1], "ZYZ")[1]
+
+    pitch = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]])
+    # torch.func.grad: it works inside and outside functorch transforms (autograd.grad
+    # does not inside torch.func.grad), with the same derivative formulas.
     with torch.enable_grad():
-        pitch = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]])
-        matrices = torch.stack((pitch, torch.eye(3))).requires_grad_()
-        middle = function(matrices[0], "XYZ")[1] + function(matrices[1], "ZYZ")[1]
-        (grad,) = torch.autograd.grad(middle, matrices)
+        grad = torch.func.grad(middle)(torch.stack((pitch, torch.eye(3))))
     return not bool(torch.isfinite(grad).all())
 
 
@@ -190,22 +217,29 @@ def _zero_safe_atan2() -> type:
     import torch
 
     class ZeroSafeAtan2(torch.autograd.Function):
+        generate_vmap_rule = True  # and setup_context: usable under torch.func
+
         @staticmethod
-        def forward(ctx: Any, y: Any, x: Any) -> Any:
-            ctx.save_for_backward(y, x)
+        def forward(y: Any, x: Any) -> Any:
             return torch.atan2(y, x)
 
         @staticmethod
+        def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+            ctx.save_for_backward(*inputs)
+
+        @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
-            # torch's own backward of atan2 on the same values, (0, 1) where both are 0.
+            # torch's own formula (atan2_backward), with (0, 1) where both are 0.
             y, x = ctx.saved_tensors
             both_zero = (y == 0) & (x == 0)
-            y = torch.where(both_zero, torch.zeros_like(y), y).requires_grad_()
-            x = torch.where(both_zero, torch.ones_like(x), x).requires_grad_()
-            with torch.enable_grad():
-                gy, gx = torch.autograd.grad(torch.atan2(y, x), (y, x), grad)
+            y = torch.where(both_zero, torch.zeros_like(y), y)
+            x = torch.where(both_zero, torch.ones_like(x), x)
+            recip = (y * y + x * x).reciprocal()
             zero = torch.zeros_like(grad)
-            return torch.where(both_zero, zero, gy), torch.where(both_zero, zero, gx)
+            return (
+                torch.where(both_zero, zero, grad * x * recip),
+                torch.where(both_zero, zero, grad * -y * recip),
+            )
 
     return ZeroSafeAtan2
 
@@ -229,10 +263,15 @@ def _finite_function(name: str, sign: float) -> type:
     forward_op = getattr(torch, name)
 
     class Finite(torch.autograd.Function):
+        generate_vmap_rule = True  # and setup_context: usable under torch.func
+
         @staticmethod
-        def forward(ctx: Any, x: Any) -> Any:
-            ctx.save_for_backward(x)
+        def forward(x: Any) -> Any:
             return forward_op(x)
+
+        @staticmethod
+        def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+            ctx.save_for_backward(*inputs)
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
