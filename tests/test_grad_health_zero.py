@@ -94,6 +94,109 @@ def test_steps_without_gradients_and_non_finite_steps_are_not_zero_steps():
     assert events == []
 
 
+def test_an_optimizer_whose_gradients_have_no_elements_has_no_zero_steps():
+    """A gradient of zero elements holds no value that could be zero: vacuous."""
+    autograd_guard.install({})
+    empty = torch.nn.Parameter(torch.empty(0))
+    opt = torch.optim.SGD([empty], lr=0.1)
+    with capture_events() as events:
+        for _ in range(40):
+            opt.zero_grad()
+            empty.sum().backward()
+            assert empty.grad is not None and empty.grad.numel() == 0
+            opt.step()
+    assert events == []
+
+
+def test_a_gradient_without_elements_is_never_probed(monkeypatch):
+    """Beside a gradient with elements, an empty one is neither the probe (which would
+    read zero and make every healthy step read every gradient) nor read with the rest."""
+    counted: list[int] = []
+    count_nonzero = torch.count_nonzero
+
+    def counting(values):
+        counted.append(values.numel())
+        return count_nonzero(values)
+
+    monkeypatch.setattr(torch, "count_nonzero", counting)
+    autograd_guard.install({})
+    empty, live = torch.nn.Parameter(torch.empty(0, 5)), torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([empty, live], lr=0.1)
+    with capture_events() as events:
+        for step in range(25):
+            opt.zero_grad()
+            (empty.sum() + (live * float(step < 5)).sum()).backward()
+            opt.step()
+    assert [e["action"] for e in events] == ["zero_gradient"]  # steps 5-24
+    # the probe (live) each step, and live again in each zero step's full read: never empty
+    assert counted == [3] * (5 + 20 * 2)
+
+
+def sparse_gradient(size: tuple[int, int], indices: list[int], values: list[float]):
+    return torch.sparse_coo_tensor(
+        torch.tensor([indices, [0] * len(indices)], dtype=torch.long).reshape(2, -1),
+        torch.tensor(values),
+        size=size,
+        check_invariants=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("indices", "values", "expected"),
+    [([], [], True), ([3, 7], [0.0, 0.0], True), ([3, 7], [0.0, -2.0], False)],
+)
+def test_a_sparse_gradient_is_read_by_its_stored_values_never_densified(indices, values, expected):
+    """A dense copy of this gradient would need 2**51 values: only its stored ones are
+    counted. One with no stored values (an empty index batch) is zero."""
+    from autograd_guard import _grad_zero as zero
+    from autograd_guard._grad_record import Record
+
+    grads, record = [sparse_gradient((2**31, 2**20), indices, values)], Record()
+    flag = zero.probe(record, grads)
+    assert flag is not None and zero.all_zero(record, grads, flag) is expected
+
+
+@pytest.mark.parametrize(("batch", "found"), [(0, True), (4, False)])
+def test_sparse_adam_on_an_embedding(batch, found):
+    """nn.Embedding(sparse=True) fed empty index batches: a sparse gradient with no
+    values, genuinely zero, every step; a real batch is not."""
+    autograd_guard.install({})
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(1000, 8, sparse=True)
+    opt = torch.optim.SparseAdam(embedding.parameters(), lr=0.01)
+    with capture_events() as events:
+        for _ in range(20):
+            opt.zero_grad()
+            embedding(torch.randint(0, 1000, (batch,))).pow(2).sum().backward()
+            assert embedding.weight.grad.is_sparse
+            opt.step()
+    assert [e["action"] for e in events] == (["zero_gradient"] if found else [])
+
+
+def test_lbfgs_at_its_exact_optimum_is_named_as_a_reading_of_the_event():
+    """LBFGS reaches the minimum of a quadratic exactly (gradient 0.0): the words do not
+    claim the loss cannot go down; they name a converged loss beside a cut gradient."""
+    autograd_guard.install({})
+    w = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.LBFGS([w])
+
+    def closure():
+        opt.zero_grad()
+        loss = ((w - 2.0) ** 2).sum()
+        loss.backward()
+        return loss
+
+    with capture_events() as events:
+        for _ in range(22):
+            opt.step(closure)
+    assert torch.equal(w.detach(), torch.full((3,), 2.0))
+    [event] = events
+    assert event["action"] == "zero_gradient" and event["optimizer"] == "LBFGS"
+    assert "exact stationary point (a converged" in event["event"]
+    assert "cuts the gradient" in event["event"] and "cannot go down" not in event["event"]
+    assert "converged exactly" in event["remedy"] and "hinge" in event["remedy"]
+
+
 def test_zero_steps_sets_the_streak_and_zero_turns_it_off():
     assert [e["steps"] for e in loop(12, zero_steps=5)] == [5]
     assert loop(40, zero_steps=0) == []

@@ -9,9 +9,11 @@ import pytorch3d  # noqa: F401  (conftest puts PyTorch3D on the path)
 import torch
 from pytorch3d.ops import corresponding_points_alignment
 from pytorch3d.transforms import euler_angles_to_matrix, matrix_to_euler_angles, so3_relative_angle
+from pytorch3d.transforms import rotation_conversions as rc
 
 import autograd_guard
 from autograd_guard.guards import BUILTIN
+from autograd_guard.guards.pytorch3d_euler_gimbal import nonfinite_at_lock
 from autograd_guard.testing import capture_events
 
 CUBE = torch.tensor([[x, y, z] for x in (-1.0, 1.0) for y in (-1.0, 1.0) for z in (-1.0, 1.0)])
@@ -56,6 +58,9 @@ def test_euler_angles_at_gimbal_lock_get_their_advice():
         lambda a: matrix_to_euler_angles(euler_angles_to_matrix(a, "XYZ"), "XYZ").sum(),
         policy=policy,
     )
+    if not nonfinite_at_lock(rc.matrix_to_euler_angles):  # torch 2.15: a finite gradient
+        assert events == []
+        return
     origin = next(e for e in events if e["action"] == "nonfinite_origin")
     assert origin["op"] in ("AsinBackward0", "Atan2Backward0")
     assert origin["within"].endswith("rotation_conversions.matrix_to_euler_angles")

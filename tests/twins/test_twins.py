@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import thirdparty
 from helpers import ipex_standin
-from twin_cases import MODES, Case, all_cases
+from twin_cases import CONDITIONS, MODES, Case, all_cases
 from twin_compare import differences, outcome_differences
 from twin_runner import Outcome, run
 
 ALL_CASES = all_cases()
-CASES = [case for case in ALL_CASES if not case.requires]
+CASES = [case for case in ALL_CASES if not case.compiled()]
 # Guards whose remedy only a CUDA device needs, so that no CPU program can show an event:
 # each must still have a case named after it, run in every mode, where it stays silent
 # and the program is unchanged (the guard out of the CPU's way).
@@ -66,6 +66,7 @@ def started_runs(request: pytest.FixtureRequest, test: str, python: Path, root: 
         item.callspec.params["case"]
         for item in request.session.items
         if getattr(item, "originalname", None) == test
+        and not item.callspec.params["case"].unmet()  # skipped: no runs
     ]
     return Runs(python, root, selected)
 
@@ -79,6 +80,8 @@ def twin_runs(request: pytest.FixtureRequest, guard_python: Path, tmp_path_facto
 
 def case_param(case: Case):
     marks = [pytest.mark.xfail(strict=True, reason=case.xfail)] if case.xfail else []
+    if case.unmet():  # asked once per case, at collection
+        marks.append(pytest.mark.skip(reason=case.unmet()))
     return pytest.param(case, id=case.name, marks=marks)
 
 
@@ -123,3 +126,8 @@ def test_the_corpus_covers_every_guard_and_mode() -> None:
         ]
         assert silent, f"{guard} ({why}): no case named {guard}_* silent in every mode"
     assert {m for c in ALL_CASES for m in c.modes} == set(MODES)
+    # A case run only where a condition holds has a twin for where it does not: on every
+    # interpreter some case shows that guard (at work, or out of the way).
+    conditions = {r for c in ALL_CASES for r in c.requires if r in CONDITIONS}
+    lone = {r for r in conditions if r.removeprefix("no_") == r and f"no_{r}" not in conditions}
+    assert not lone, f"no case declares the opposite of these conditions: {sorted(lone)}"

@@ -11,8 +11,8 @@ and operators, evaluated without builtins), never by importing the case:
         "libraries": ["gsplat"],         # third-party folders the program imports
         "files": {"pkg/mod.py": "..."},  # more modules beside case.py
         "xfail": "why",                  # a known difference, fixed elsewhere
-        "requires": ["pytorch3d._C"],    # compiled code the program runs (see REQUIRES)
-    }
+        "requires": ["pytorch3d._C"],    # compiled code the program runs (see REQUIRES),
+    }                                    # or what this torch must do (see CONDITIONS)
 
 On correct code ``fix`` is enough, as ``strict`` raises exactly where ``fix`` would log; a
 case names ``strict`` and ``observe`` where they take another path (torch.compile,
@@ -54,6 +54,15 @@ LIBRARIES = {
 # extension comes from the environment's own PyTorch3D, never from the Python-only copy
 # that ``"libraries": ["pytorch3d"]`` puts first on the path.
 REQUIRES = {"pytorch3d._C": "tests/test_pytorch3d_twins.py"}
+# What the libraries of this interpreter (the child's torch: the runner's venv sees the test
+# process's packages) must do for a case to show what it declares, asked in the test process
+# (each a guard's own probe); the case is skipped, with the reason, where it does not hold.
+CONDITIONS = {  # each with its negation, "no_" + name
+    "pytorch3d_euler_gimbal_bug": "matrix_to_euler_angles's gradient at gimbal lock is "
+    "non-finite with this torch (up to 2.13)",
+    "no_pytorch3d_euler_gimbal_bug": "matrix_to_euler_angles's gradient at gimbal lock is "
+    "finite with this torch (2.15: clamp's backward is 0 at its bounds)",
+}
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,15 @@ class Case:
     files: dict[str, str] = field(default_factory=dict)
     xfail: str | None = None
     requires: tuple[str, ...] = ()
+
+    def compiled(self) -> bool:
+        """Whether the case needs compiled code that is not always there (REQUIRES)."""
+        return any(name in REQUIRES for name in self.requires)
+
+    def unmet(self) -> str | None:
+        """Why this interpreter cannot run the case (a condition that does not hold)."""
+        unmet = [name for name in self.requires if name in CONDITIONS and not holds(name)]
+        return f"{self.name} requires: {CONDITIONS[unmet[0]]}" if unmet else None
 
     def variants(self) -> list[str]:
         """The runs a comparison needs: the unguarded ones, then each guarded mode."""
@@ -103,8 +121,10 @@ def load_case(path: Path) -> Case:
     if not set(libraries) <= LIBRARIES:
         raise ValueError(f"{path.name}: libraries must be from {sorted(LIBRARIES)}")
     requires = tuple(spec.get("requires", ()))
-    if not set(requires) <= set(REQUIRES):
-        raise ValueError(f"{path.name}: requires must be from {sorted(REQUIRES)}")
+    if not set(requires) <= set(REQUIRES) | set(CONDITIONS):
+        raise ValueError(
+            f"{path.name}: requires must be from {sorted(REQUIRES)} or {sorted(CONDITIONS)}"
+        )
     if "pytorch3d._C" in requires and "pytorch3d" in libraries:
         raise ValueError(
             f"{path.name}: requires pytorch3d._C, which the Python-only library 'pytorch3d' "
@@ -147,3 +167,21 @@ def _expectations(name: str, modes: object) -> dict[str, Expectation]:
 
 def all_cases() -> list[Case]:
     return [load_case(path) for path in sorted(CASES_DIR.glob("*.py"))]
+
+
+def holds(condition: str) -> bool:
+    """Whether a CONDITIONS entry holds with this interpreter's torch and libraries."""
+    negated = condition.startswith("no_")
+    return _asked(condition.removeprefix("no_")) is not negated
+
+
+def _asked(condition: str) -> bool:
+    if condition == "pytorch3d_euler_gimbal_bug":
+        import inspect
+
+        from pytorch3d.transforms import rotation_conversions
+
+        from autograd_guard.guards.pytorch3d_euler_gimbal import nonfinite_at_lock
+
+        return nonfinite_at_lock(inspect.unwrap(rotation_conversions.matrix_to_euler_angles))
+    raise ValueError(f"unknown condition {condition!r}: CONDITIONS are {sorted(CONDITIONS)}")

@@ -189,7 +189,8 @@ class StepFlow(ZeroFlow, ClosureFlow):
                 flag = self._zero_probe(record, values)
                 local = not self._finite.all_finite(values, None, flag)
                 all_zero = not local and zero.all_zero(record, values, flag)
-                word = ALL_ZERO if all_zero else SOME_VALUE
+                if local or any(v.numel() for v in values):  # a shard of empty ones says nothing
+                    word = ALL_ZERO if all_zero else SOME_VALUE
         except Exception as exc:  # the exchange still happens: no rank is left waiting
             self.fail("step check", exc)
         device = grads[0].device if grads else None

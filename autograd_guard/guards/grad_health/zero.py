@@ -7,17 +7,19 @@ gradient that is missing: ``None``), nor ``training_stalled`` (non-finite steps 
 has anything to say. Seen with PyTorch3D's silhouettes rendered hard (``blur_radius=0``
 and a ``sigma`` near 0: the sigmoid saturates to exactly 1 inside faces and 0 outside), a
 term computed on detached values, a loss mask that is all zero, a ReLU network whose units
-have all died. Any library, any torch version.
+have all died. Any library, any torch version. Also, rightly, at an exact stationary point
+(a fit converged exactly, a hinge loss every sample satisfies): the words name both.
 Remedy: said once per streak (``zero_steps`` steps in a row, a warning in every mode:
 the step is not touched), with what to check.
 
-Cost: one ``count_nonzero`` of one gradient per step (the smallest, or the smallest last
-seen holding a value other than zero), read with the non-finite flag on CUDA (one sync
-for both); only a step whose probed gradient is all zero reads every gradient (one sync
-per device), and remembers which one was not. Where the flag is left on the device (a
-fused optimizer lent it, observe on CUDA) the probe travels with it and is read when it
-is ready; one that reads zero makes the next steps read every gradient (a sync each)
-until one is not zero.
+Cost: one ``count_nonzero`` of one gradient per step (the smallest with an element, or
+the smallest last seen holding a value other than zero; a sparse one's stored values),
+read with the non-finite flag on CUDA (one sync for both); only a step whose probed
+gradient is all zero reads every gradient (one sync per device), and remembers which one
+was not. Gradients without elements are never probed and never make a zero step. Where
+the flag is left on the device (a fused optimizer lent it, observe on CUDA) the probe
+travels with it and is read when it is ready; one that reads zero makes the next steps
+read every gradient (a sync each) until one is not zero.
 """
 
 from __future__ import annotations
@@ -38,24 +40,30 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.record import Record
 
 ZERO_REMEDY = (
-    "check that the loss reaches the parameters through ops with a gradient: a term "
-    "computed on detached values (.detach(), .item(), .data, NumPy) plus a zero-weighted "
-    "one; an op whose gradient is zero almost everywhere (round, argmax, a hard threshold, "
-    "a hard silhouette: PyTorch3D's SoftSilhouetteShader with blur_radius=0 and sigma near "
-    "0, where blur_radius around log(1/1e-4 - 1) * sigma and sigma around 1e-4 give "
-    "gradients); a loss mask or weight that is all zero; a ReLU network whose units are all "
-    "dead (a lower learning rate, another initialisation, LeakyReLU). A margin or hinge "
-    "loss that every sample already satisfies is zero by design (zero_steps = 0 turns this "
-    "off)"
+    "unless the loss is at an exact optimum, check that it reaches the parameters through "
+    "ops with a gradient: a term computed on detached values (.detach(), .item(), .data, "
+    "NumPy) plus a zero-weighted one; an op whose gradient is zero almost everywhere "
+    "(round, argmax, a hard threshold, a hard silhouette: PyTorch3D's "
+    "SoftSilhouetteShader with blur_radius=0 and sigma near 0, where blur_radius around "
+    "log(1/1e-4 - 1) * sigma and sigma around 1e-4 give gradients); a loss mask or weight "
+    "that is all zero; a ReLU network whose units are all dead (a lower learning rate, "
+    "another initialisation, LeakyReLU). A loss at an exact stationary point is zero by "
+    "design: a fit that converged exactly (LBFGS on a quadratic), a margin or hinge loss "
+    "that every sample already satisfies (zero_steps = 0 turns this off)"
 )
 
 
 def probe(record: Record, grads: list[Any]) -> Probe | None:
-    """A flag for the gradient last seen holding a value other than zero (None for
-    tensors that hold no values: meta, fake)."""
+    """A flag for the gradient last seen holding a value other than zero, or else the
+    smallest. None where no gradient has an element (nothing that could be zero: not a
+    zero step, like a step without gradients) and for tensors that hold no values
+    (meta, fake)."""
     torch = sys.modules["torch"]
-    if not 0 <= record.live < len(grads):  # the first step (or fewer gradients): the smallest
-        record.live = min(range(len(grads)), key=lambda i: grads[i].numel())
+    if not 0 <= record.live < len(grads) or not grads[record.live].numel():
+        sized = [i for i, grad in enumerate(grads) if grad.numel()]  # a sparse one's shape
+        if not sized:
+            return None
+        record.live = min(sized, key=lambda i: grads[i].numel())
     grad = grads[record.live]
     if type(grad) is not torch.Tensor or grad.is_meta:
         return None
@@ -63,8 +71,10 @@ def probe(record: Record, grads: list[Any]) -> Probe | None:
 
 
 def all_zero(record: Record, grads: list[Any], flag: Probe | None) -> bool:
-    """Every value of every gradient in ``grads`` (not empty, all finite) is exactly zero;
-    the probe is read first, the rest only when it is all zero."""
+    """Every value of every gradient in ``grads`` (all finite, one at least with an
+    element) is exactly zero; the probe is read first, the rest only when it is all zero.
+    Gradients without elements are not read; a sparse one's stored values are counted,
+    never a dense copy (one with no stored values is zero)."""
     if flag is None or flag.read():
         return False
     torch = sys.modules["torch"]
@@ -72,7 +82,8 @@ def all_zero(record: Record, grads: list[Any], flag: Probe | None) -> bool:
     for index, grad in enumerate(grads):
         if type(grad) is not torch.Tensor or grad.is_meta:
             return False  # no values to read: never said to be zero
-        by_device.setdefault(grad.device, []).append(index)
+        if grad.numel():
+            by_device.setdefault(grad.device, []).append(index)
     nonzero: list[int] = []
     for indices in by_device.values():
         flags = torch.stack(
@@ -99,9 +110,9 @@ def event(kind: str, steps: int, ranks: list[int] | None) -> str:
     where = f" on every rank of its group ({', '.join(map(str, ranks))})" if ranks else ""
     return (
         f"every gradient this {kind} consumed{where} was exactly zero for {steps} optimizer "
-        "steps in a row (none missing, none non-finite): the loss gives the weights no "
-        "direction, so it cannot go down (the weights move, if at all, by momentum or "
-        "weight decay only)"
+        "steps in a row (none missing, none non-finite): the loss is not moving the weights "
+        "(momentum or weight decay still may). Either training reached an exact stationary "
+        "point (a converged or satisfied loss) or something cuts the gradient off"
     )
 
 

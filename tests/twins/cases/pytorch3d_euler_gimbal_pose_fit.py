@@ -1,7 +1,9 @@
 """A pose fit through ``matrix_to_euler_angles`` whose first camera starts looking straight
 down (pitch 90 degrees, gimbal lock): the middle angle's asin has an infinite derivative
 there, the gradient is NaN and Adam writes NaN into every pose; the guard's finite
-derivative equals that remedy applied by hand (same forward, finite gradient)."""
+derivative equals that remedy applied by hand (same forward, finite gradient). Where this
+torch's gradient at the lock is finite (2.15) there is nothing to remedy: see
+pytorch3d_euler_gimbal_lock_unaffected."""
 
 import math
 import os
@@ -12,6 +14,7 @@ from pytorch3d.transforms import matrix_to_euler_angles, quaternion_to_matrix
 
 TWIN = {
     "libraries": ["pytorch3d"],
+    "requires": ["pytorch3d_euler_gimbal_bug"],  # torch 2.15: the gradient is finite
     "modes": {
         "fix": {"events": ["pytorch3d_euler_gimbal/finite_gradient"], "like": "handfix"},
         "observe": {
