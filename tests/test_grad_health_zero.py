@@ -148,8 +148,8 @@ def sparse_gradient(size: tuple[int, int], indices: list[int], values: list[floa
 def test_a_sparse_gradient_is_read_by_its_stored_values_never_densified(indices, values, expected):
     """A dense copy of this gradient would need 2**51 values: only its stored ones are
     counted. One with no stored values (an empty index batch) is zero."""
-    from autograd_guard import _grad_zero as zero
-    from autograd_guard._grad_record import Record
+    from autograd_guard.guards.grad_health import zero
+    from autograd_guard.guards.grad_health.record import Record
 
     grads, record = [sparse_gradient((2**31, 2**20), indices, values)], Record()
     flag = zero.probe(record, grads)
