@@ -8,14 +8,13 @@ diagonal entry (proper Euler conventions such as ``"ZYZ"``). At a 90-degree midd
 (proper Euler, which includes the identity rotation) that entry is exactly +-1: the
 forward is finite (0.7.9 clamps the entry into [-1, 1]), but the derivative of
 ``asin``/``acos`` there is infinite, and the backward pass gives ``AsinBackward0`` /
-``AcosBackward0`` an ``inf`` that meets a zero (the entry is at its maximum over the
-rotations) and becomes NaN. One such rotation in a batch makes the whole gradient
-non-finite: ``grad_health`` then skips every step and the pose never moves; without it
-the optimizer writes NaN into the weights. ``euler_angles_to_matrix`` (sin and cos) has
-finite gradients everywhere and needs no guard. With torch before 2.13 (2.9.1 and older
-checked) an exact rotation at the lock (entries exactly 0 beside the +-1, as a quaternion
-of exactly 45 degrees gives) adds a second NaN: the first and third angles are
-``atan2(0, 0)``, whose backward there is 0/0 (torch 2.13 gives 0).
+``AcosBackward0`` an ``inf`` that meets a zero (the entry is at its maximum) and becomes
+NaN. One such rotation in a batch makes the whole gradient non-finite: ``grad_health``
+then skips every step and the pose never moves; without it the optimizer writes NaN.
+``euler_angles_to_matrix`` (sin and cos) has finite gradients everywhere: no guard. With
+torch before 2.13 (2.9.1 and older checked) an exact rotation at the lock (entries 0
+beside the +-1, as a quaternion of exactly 45 degrees gives) adds a second NaN: the first and
+third angles are ``atan2(0, 0)``, whose backward there is 0/0 (torch 2.13 gives 0).
 Affected: every PyTorch3D version (0.7.9 and main clamp the forward only; before 0.7.9 an
 entry rounded past +-1 also made the forward NaN), with torch up to at least 2.13 (2.1.2,
 2.4.1, 2.6.0, 2.9.1, 2.13.0 checked). torch 2.15.0 is not affected with 0.7.9: there the
