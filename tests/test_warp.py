@@ -173,6 +173,8 @@ def test_bridge_grads_fills_the_analytic_gradient(tmp_path, warp_cache, version)
     assert result["x"] == [1.0, 1.0, 1.0]
     [bridge] = [e for e in result["events"] if e["action"] == "bridge_grads"]
     assert bridge["arguments"] == ["x"]
+    # its remedy is the conversion by hand: an upgrade would drop the gradient, not fill it
+    assert "requires_grad=True" in bridge["remedy"] and "upgrade" not in bridge["remedy"]
 
 
 # Correct code: Warp arrays under a tape, torch tensors without one, wp.from_torch by hand.

@@ -160,6 +160,8 @@ class WarpTorchArgs(Guard):
             "bridge_grads",
             f"torch tensors {names} require grad: given a Warp gradient with wp.from_torch",
             arguments=names,
+            remedy="pass wp.from_torch(t, requires_grad=True) for each tensor whose "
+            "gradient tape.backward() should fill",
         ):
             return
         items = [(index, param) for index, param, _ in convertible]
