@@ -17,7 +17,9 @@ from autograd_guard._policy import files as _policy_files
 from autograd_guard.guards import available
 
 STARTER = """\
-# autograd-guard policy. Reference: docs/configuration.md (every key, option and variable).
+# autograd-guard policy. Every key, option and variable: docs/configuration.md,
+# https://github.com/autograd-guard/autograd-guard/blob/main/docs/configuration.md
+# Each guard's own options are listed at the end. Check this file: autograd-guard check.
 # Every built-in guard is on, in fix mode; change what you need.
 
 # Start from a shipped preset (its name, or a path to a policy file of yours):
