@@ -7,10 +7,12 @@ each. Also quoted: the same loop with a closure passed to every step (as Lightni
 and fused Adam with the guard's flag lent to the optimizer on the CPU (the CPU twin of the
 CUDA path, where torch has fused Adam for the CPU). The localising steps (armed only after
 a non-finite gradient) are quoted apart, against ``torch.autograd.detect_anomaly``. Where
-CUDA is available, one more row: a step of >= 5 ms on the GPU (MLP 1024-4096-4096-1,
-batch 8192, fused Adam: the flag stays on the device, no host sync).
+CUDA is available, three more rows on the GPU: a step of >= 5 ms (MLP 1024-4096-4096-1,
+batch 8192) with fused Adam (the flag stays on the device, no host sync) and with Adam's
+default foreach step (the flag read, one sync per step), and a short step (the CPU's MLP,
+batch 1024) with foreach Adam, where that sync weighs most.
 
-    python scripts/bench_grad_health.py [--steps 50 --blocks 15 --threads N]
+    python scripts/bench_grad_health.py [--steps 50 --blocks 15 --threads N --cuda-only]
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ def loop(
 
 
 def per_step(steps: int, context: str = "") -> float:
-    if context == "cuda":
-        model, optimizer, x, y = loop(8192, (1024, 4096), "cuda", fused=True)
+    if context.startswith("cuda"):
+        batch, sizes = (1024, (16, 256)) if context == "cuda-small" else (8192, (1024, 4096))
+        model, optimizer, x, y = loop(batch, sizes, "cuda", fused=context == "cuda")
     else:
         model, optimizer, x, y = loop(1024 if context == "large" else 64, fused=context == "fused")
     anomaly = torch.autograd.detect_anomaly() if context == "anomaly" else None
@@ -108,7 +111,7 @@ def fused_on_cpu() -> bool:
 
 
 def _synchronize(context: str) -> None:
-    if context == "cuda":
+    if context.startswith("cuda"):
         torch.cuda.synchronize()
 
 
@@ -173,16 +176,24 @@ def measure(steps: int = 50, count: int = 15) -> list[Row]:
     )
     rows += localising_rows(steps)
     if torch.cuda.is_available():
-        rows.append(
-            side_by_side(
-                "MLP 1024-4096-4096-1, batch 8192, fused Adam, CUDA: guarded vs bare",
-                "cuda",
-                steps,
-                count,
-                "<= 1.02x",
-            )
-        )
+        rows += cuda_rows(steps, count)
     return rows
+
+
+# On CUDA: fused Adam takes the flag on the device (no host sync); Adam's default (foreach)
+# step reads it, one sync per step, which a short step feels most.
+CUDA_CASES = (
+    ("MLP 1024-4096-4096-1, batch 8192, fused Adam, CUDA", "cuda", "<= 1.02x"),
+    ("MLP 1024-4096-4096-1, batch 8192, Adam (foreach), CUDA", "cuda-foreach", "<= 1.05x"),
+    ("MLP 16-256-256-1, batch 1024, Adam (foreach), CUDA", "cuda-small", "for scale"),
+)
+
+
+def cuda_rows(steps: int, count: int) -> list[Row]:
+    return [
+        side_by_side(f"{name}: guarded vs bare", context, steps, count, target)
+        for name, context, target in CUDA_CASES
+    ]
 
 
 def localising_rows(steps: int) -> list[Row]:
@@ -201,13 +212,15 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=15)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's own)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    parser.add_argument("--cuda-only", action="store_true", help="the CUDA rows alone")
     args = parser.parse_args()
     if args.clock == "cpu":
         CLOCK[0] = time.process_time
     if args.threads:
         torch.set_num_threads(args.threads)
+    rows = cuda_rows(args.steps, args.blocks) if args.cuda_only else None
     print_table(
-        measure(args.steps, args.blocks),
+        rows if rows is not None else measure(args.steps, args.blocks),
         f"grad_health: medians of {args.blocks} blocks of {args.steps} steps, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} time",
     )
