@@ -121,13 +121,17 @@ def run(case: Case, variant: str, python: Path, root: Path, extra_paths: list[st
     warned = folder.with_suffix(".warnings.jsonl")
     for path in (log, outcome, warned):
         path.unlink(missing_ok=True)
+    # A kernel cache of each run's own: with one cache, only the first run of a case
+    # generates Warp's kernel code (and its DeprecationWarnings on Python 3.12+).
+    warp_cache = folder.with_suffix(".warp-cache")
+    shutil.rmtree(warp_cache, ignore_errors=True)
     env = wheelenv.clean_environ(
         PYTHONPATH=os.pathsep.join([str(SUPPORT), str(TESTS), *extra_paths]),
         PYTHONHASHSEED="0",
         OMP_NUM_THREADS="1",
         MKL_NUM_THREADS="1",
         XDG_CACHE_HOME=str(root / "xdg-cache"),
-        WARP_CACHE_PATH=str(root / "warp-cache"),
+        WARP_CACHE_PATH=str(warp_cache),
         AUTOGRAD_GUARD_LOG=str(log),
         TWIN_OUTCOME=str(outcome),
         TWIN_WARNINGS=str(warned),
