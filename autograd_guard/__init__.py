@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from typing import Any
 
     from autograd_guard._policy.policy import Policy
+    from autograd_guard.errors import GuardError, PolicyError
+
+    __version__: str  # served by __getattr__ below
 
 __all__ = ["GuardError", "PolicyError", "__version__", "install", "status", "uninstall"]
 
@@ -52,3 +55,7 @@ def __getattr__(name: str) -> "Any":
 
         return getattr(errors, name)
     raise AttributeError(f"module 'autograd_guard' has no attribute {name!r}")
+
+
+def __dir__() -> "list[str]":
+    return sorted({*globals(), *__all__})

@@ -107,3 +107,25 @@ def test_doctor_lines_up_the_modes_after_the_longest_guard_name(capsys):
     assert len(rows) == len(builtin()) > 1
     longest = max(len(guard.name) for guard in builtin())
     assert {row.index(" mode=") for row in rows} == {2 + longest}
+
+
+# The line an editable install made before the package's folders kept in site-packages.
+OLD_PTH = (
+    'import os; os.environ.get("AUTOGRAD_GUARD", "").strip().lower() in ("", "0", "off", '
+    '"false", "no") or __import__("autograd_guard._bootstrap")._bootstrap.bootstrap()\n'
+)
+
+
+def test_doctor_names_a_stale_pth(tmp_path, monkeypatch, capsys):
+    """An editable install keeps its copy of the .pth across a `git pull`: one that imports
+    a module this version lacks is named, with what to do, not called installed."""
+    from autograd_guard._cli import doctor
+
+    stale = tmp_path / "autograd_guard.pth"
+    stale.write_text(OLD_PTH, encoding="utf-8")
+    monkeypatch.setattr(doctor, "find_pth", lambda: str(stale))
+    cli.main(["doctor"])
+    out = capsys.readouterr().out
+    assert f".pth          STALE: {stale} imports autograd_guard._bootstrap" in out
+    assert "installed:" not in out and "Setting AUTOGRAD_GUARD does nothing here" in out
+    assert doctor.stale_pth(str(ROOT / "autograd_guard.pth")) is None  # the shipped line

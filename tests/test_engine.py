@@ -180,6 +180,26 @@ def test_guard_failures_fail_open(toy, stage):
     assert "broke" not in errors[0]["error"]
 
 
+def _fails(mapping: dict[str, int]) -> int:
+    return mapping["secret value"]
+
+
+def test_guard_error_names_the_module_not_the_file():
+    """A guard_error names where it was raised by module (file names such as a package's
+    __init__.py repeat), never the message."""
+    from autograd_guard._runtime.wrapper import describe_error
+
+    try:
+        _fails({})
+    except KeyError as exc:
+        text = describe_error(exc)
+    assert (
+        text
+        == f"builtins.KeyError raised in _fails ({__name__}:{_fails.__code__.co_firstlineno + 1})"
+    )
+    assert "secret" not in text
+
+
 def test_guard_failure_in_strict_raises(toy):
     autograd_guard.install({**policy(fail_in="check"), "mode": "strict"})
     import toy_pkg.core

@@ -67,7 +67,11 @@ def _print_setup() -> None:
         print(f"              {note}")
     print(f"autograd-guard {__version__}")
     pth = find_pth()
-    if pth:
+    stale = pth and stale_pth(pth)
+    if stale:
+        print(f".pth          STALE: {pth} imports {stale}, which this version does not have.")
+        print(f"              Setting AUTOGRAD_GUARD does nothing here. {stale_pth_advice()}")
+    elif pth:
         print(f".pth          installed: {pth}")
     else:
         print(f".pth          MISSING: no {PTH_NAME} in {', '.join(site_dirs())}.")
@@ -95,6 +99,32 @@ def missing_pth_advice() -> str:
             f"in those: install it into the environment with pip, {RUN_ADVICE}."
         )
     return f"Reinstall the package (an installer dropped the .pth), {RUN_ADVICE}."
+
+
+def stale_pth(path: str) -> str | None:
+    """A module the installed ``.pth`` imports that this copy of the package lacks: the
+    ``.pth`` of an older install, as an editable install keeps across a ``git pull``."""
+    import importlib.util
+    import re
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for name in re.findall(r"__import__\(\s*[\"']([\w.]+)[\"']", text):
+        try:
+            if importlib.util.find_spec(name) is None:
+                return str(name)
+        except (ImportError, ValueError):
+            return str(name)
+    return None
+
+
+def stale_pth_advice() -> str:
+    if _editable():
+        return "An editable install's .pth from an older version: run 'pip install -e .' again."
+    return "Reinstall the package (pip install --force-reinstall autograd-guard)."
 
 
 def _editable() -> bool:

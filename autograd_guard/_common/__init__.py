@@ -178,10 +178,10 @@ class State:
         self.watch: Any = None  # the bootstrap's finder, until a planned module's import
         # patches: (owner, attribute, original, replacement), undone in reverse
         self.applied: list[tuple[object, str, object, object]] = []
-        # the modules of traceable copies of remedies (_compiled.traceable), by name
+        # the modules of traceable copies of remedies (_compile.compiled.traceable), by name
         self.traced_modules: list[str] = []
-        # caches: installed versions by distribution (_versions), the resumable kind of
-        # each target (guards.grad_mode), the cache files of the cache folder (_cache)
+        # caches: installed versions by distribution (_common.versions), the resumable kind of
+        # each target (guards.grad_mode), the cache files of the cache folder (_common.cache)
         self.versions: dict[str, str | None] = {}
         self.kinds: dict[Any, str] = {}
         self.disk_cache: Any = None

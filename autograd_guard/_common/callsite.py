@@ -43,7 +43,7 @@ def _wrapt_dir() -> str:
     return os.path.dirname(os.path.abspath(wrapt.__file__)) + os.sep
 
 
-# The ids of the wrappers' code objects (filled by _wrapper), matched by identity: a code
+# The ids of the wrappers' code objects (filled by _runtime.wrapper), matched by identity: a code
 # object that torch.compile rewrote may hold constants that cannot be hashed (torch 2.1).
 WRAPPER_CODES: set[int] = set()
 

@@ -147,7 +147,7 @@ def _deliver(level: str, record: dict[str, Any], listeners: list[Listener]) -> N
 def _logger() -> Any:
     logger = STATE.logger
     if logger is None:
-        with STATE.logger_lock:  # a fork waits for this (see _state)
+        with STATE.logger_lock:  # a fork waits for this (see _common.State)
             if STATE.logger is None:
                 from autograd_guard._events.sinks import make_logger
 

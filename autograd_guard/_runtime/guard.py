@@ -134,7 +134,7 @@ class Guard(Interventions):
 
     def _traced(self, target: Target, original: Callable[..., Any]) -> Callable[..., Any] | None:
         """A function ``torch.compile`` can trace that applies the remedy (None: none); made
-        with ``autograd_guard._compile.compiled.traceable`` from a module-level template."""
+        with ``autograd_guard.guard.traceable`` from a module-level template."""
         return getattr(self, target.traced)(target, original) if target.traced else None
 
     # -- what the engine calls -------------------------------------------------------

@@ -44,8 +44,11 @@ def describe_error(exc: BaseException) -> str:
         trace = trace.tb_next
     if trace is not None:
         code = trace.tb_frame.f_code
-        where = f"{os.path.basename(code.co_filename)}:{trace.tb_lineno}"
-        text += f" raised in {code.co_name} ({where})"
+        # the module's dotted name: file names repeat (a package's __init__.py, check.py)
+        module = trace.tb_frame.f_globals.get("__name__")
+        if not isinstance(module, str) or module == "__main__":
+            module = os.path.basename(code.co_filename)
+        text += f" raised in {code.co_name} ({module}:{trace.tb_lineno})"
     return text
 
 
@@ -69,7 +72,7 @@ def _handling(self: Guard, target: Target, risky: Check | None) -> Callable[...,
         # pass through as the same objects with the same context, and it runs once.
         if not self.active:
             return original(*args, **kwargs)
-        # Run by a compiled region (torch._dynamo is imported): see _dynamo_frames.
+        # Run by a compiled region (torch._dynamo is imported): see _compile.dynamo_frames.
         if DYNAMO.set_eval_frame is not None and (callback := region_callback()) is not None:
             try:
                 return outside(autograd_guard_wrapper, callback, original, instance, args, kwargs)
@@ -87,7 +90,7 @@ def _handling(self: Guard, target: Target, risky: Check | None) -> Callable[...,
                 if GIVE_BACK is None:
                     return original(*args, **kwargs)
                 if getattr(GIVE_BACK.running, "call", False):
-                    with GIVE_BACK:  # inside another guarded call (see _recursion)
+                    with GIVE_BACK:  # inside another guarded call (see _runtime.recursion)
                         return original(*args, **kwargs)
                 GIVE_BACK.running.call = True
                 try:
@@ -148,7 +151,7 @@ def _checking_around(self: Guard, target: Target) -> Callable[..., Any]:
         if GIVE_BACK is None:
             result = original(*args, **kwargs)
         elif getattr(GIVE_BACK.running, "call", False):
-            with GIVE_BACK:  # inside another guarded call (see _recursion)
+            with GIVE_BACK:  # inside another guarded call (see _runtime.recursion)
                 result = original(*args, **kwargs)
         else:
             GIVE_BACK.running.call = True
@@ -171,7 +174,7 @@ def _checking_around(self: Guard, target: Target) -> Callable[..., Any]:
 
 def _mark(wrapper: Any, guard: Guard, target: Target) -> None:
     """What the patcher and the proxy read off a wrapper: its guard, and what to do when
-    torch.compile or TorchScript meets it (see _proxies and _compiled)."""
+    torch.compile or TorchScript meets it (see _runtime.proxies and _compile.compiled)."""
     wrapper._autograd_guard_owner = guard.name
     wrapper._autograd_guard_inline = lambda original: _compiled.make_inline(guard, target, original)
     wrapper._autograd_guard_scripted = _compiled.scripted_report(guard, target)
