@@ -167,21 +167,58 @@ def bins_along(size: int, other: int, bin_size: int) -> tuple[Any, Any]:
 
 
 def most_in_one_bin(args: tuple[Any, ...], layout: Layout) -> int:
-    """The most elements any bin of any image in the batch receives (two device syncs)."""
+    """The most elements any bin of any image in the batch receives, counted on the
+    elements' device with one sync (the final read): each element covers a rectangle of
+    bins, added per mesh into a 2-D difference array whose running sums are the counts."""
     import torch
 
     elements = args[0].detach()
+    device = elements.device
     low, high, skip = _bounding_boxes(elements, args[layout.size], layout.kind)
-    height, width = args[layout.image]
-    y_low, y_high = (t.to(elements.device) for t in bins_along(height, width, args[layout.bins]))
-    x_low, x_high = (t.to(elements.device) for t in bins_along(width, height, args[layout.bins]))
-    rows = ((low[:, 1:2] <= y_high) & (y_low < high[:, 1:2]) & ~skip[:, None]).float()
-    columns = ((low[:, 0:1] <= x_high) & (x_low < high[:, 0:1])).float()
-    most = [torch.zeros((), device=elements.device)]
-    for start, count in zip(args[1].tolist(), args[2].tolist(), strict=True):
-        if count:  # elements x bins_y, elements x bins_x -> bins_y x bins_x (exact counts)
-            most.append((rows[start : start + count].T @ columns[start : start + count]).max())
-    return int(torch.stack(most).max().item())
+    height, width = (int(side) for side in args[layout.image])
+    bin_size = int(args[layout.bins])
+    y0, y1 = _covered(low[:, 1], high[:, 1], *_edges(height, width, bin_size, device))
+    x0, x1 = _covered(low[:, 0], high[:, 0], *_edges(width, height, bin_size, device))
+    index = torch.arange(len(elements), device=device)[:, None]
+    first, count = args[1].to(device)[None], args[2].to(device)[None]
+    binned = ~skip & (y0 < y1) & (x0 < x1)  # in front of the camera, on some bin
+    weight = ((index >= first) & (index < first + count) & binned[:, None]).to(torch.int32)
+    columns = 2 + (width - 1) // bin_size  # the bins along x, and one past the last
+    counts = torch.zeros(
+        (2 + (height - 1) // bin_size) * columns, weight.shape[1], dtype=torch.int32, device=device
+    )
+    for y, x, sign in ((y0, x0, 1), (y0, x1, -1), (y1, x0, -1), (y1, x1, 1)):
+        counts.index_add_(0, y * columns + x, weight, alpha=sign)
+    per_bin = counts.view(-1, columns, weight.shape[1]).cumsum(0).cumsum(1)
+    return int(per_bin.max().item()) if per_bin.numel() else 0
+
+
+def _covered(low: Any, high: Any, bin_low: Any, bin_high: Any) -> tuple[Any, Any]:
+    """The bins ``[start, stop)`` an element spanning ``[low, high)`` lands in, as the
+    kernel tests them (``low <= bin_high`` and ``bin_low < high``); none for NaN."""
+    import torch
+
+    low, high = low.contiguous(), high.contiguous()
+    start = torch.searchsorted(bin_high, low)  # the first bin with low <= bin_high
+    stop = torch.searchsorted(bin_low, high)  # the first bin with high <= bin_low
+    nan = low.isnan() | high.isnan()
+    return start, torch.where(nan, start, stop)
+
+
+# Each side's bin extents on a device, by (size, other side, bin_size, device): a render
+# loop asks for the same ones every call, and a copy to the device waits for it.
+_EDGES: dict[tuple[int, int, int, Any], tuple[Any, Any]] = {}
+
+
+def _edges(size: int, other: int, bin_size: int, device: Any) -> tuple[Any, Any]:
+    key = (size, other, bin_size, device)
+    edges = _EDGES.get(key)
+    if edges is None:
+        if len(_EDGES) >= 64:
+            _EDGES.clear()
+        low, high = bins_along(size, other, bin_size)
+        edges = _EDGES[key] = (low.to(device), high.to(device))
+    return edges
 
 
 def _bounding_boxes(elements: Any, size: Any, kind: str) -> tuple[Any, Any, Any]:
