@@ -111,10 +111,13 @@ def run_cell(
     wheel = next(dist.glob("autograd_guard-*.whl"))
     session.install("--force-reinstall", "--no-deps", str(wheel), env=env)
     session.install(f"{wheel}[test]", *libraries, env=env)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    # Only a run of the cell's whole selection goes into the matrix table; one narrowed by
+    # arguments (`nox -s CELL -- tests/x.py`) is kept apart.
+    results = RESULTS / "partial" if session.posargs else RESULTS
+    results.mkdir(parents=True, exist_ok=True)
     session.run(
         "pytest",
-        f"--junitxml={RESULTS / name}.xml",
+        f"--junitxml={results / name}.xml",
         "-o", f"junit_suite_name={name}",
         *(session.posargs or tests),
         env={"AUTOGRAD_GUARD_TEST_INSTALLED": "1", **(test_env or {})},
@@ -151,7 +154,7 @@ nox.options.sessions.append("table")
 
 
 def matrix_table() -> str:
-    rows = ["| cell (Python + torch) | passed | failed | skipped |", "|---|---|---|---|"]
+    rows = ["| cell (Python + torch) | passed | failed | skipped | run |", "|---|---|---|---|---|"]
     cells = [(name, f"{python} + {torch}") for name, (python, torch, _) in CELLS.items()]
     cells += [
         (name, f"{python} + {torch} + {' '.join(f'{k} {v}' for k, v in pins.items())} (its tests)")
@@ -160,7 +163,7 @@ def matrix_table() -> str:
     for name, label in cells:
         path = RESULTS / f"{name}.xml"
         if not path.exists():
-            rows.append(f"| {label} | not run | | |")
+            rows.append(f"| {label} | not run | | | |")
             continue
         suite = ElementTree.parse(path).getroot()
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
@@ -168,7 +171,8 @@ def matrix_table() -> str:
         total, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
         failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
         passed = total - skipped - failed
-        rows.append(f"| {label} | {passed} | {failed} | {skipped} |")
+        day = suite.get("timestamp", "")[:10]
+        rows.append(f"| {label} | {passed} | {failed} | {skipped} | {day} |")
     return "\n".join(rows)
 
 
