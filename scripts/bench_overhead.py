@@ -336,7 +336,11 @@ def pytorch3d_rows(add: Any, calls: int, blocks: int, goal: str) -> list[Row]:
     path correct code takes (PyTorch3D itself is not needed: no-ops with its signatures)."""
 
     def matrix_to_euler_angles(matrix: Any, convention: str) -> Any:
-        return matrix
+        # the library's middle angle (asin, or acos where the outer axes repeat), with its
+        # non-finite derivative at +-1, so the guard's probe finds the bug as with torch <= 2.13
+        entry = matrix[..., "XYZ".index(convention[0]), "XYZ".index(convention[2])]
+        middle = torch.acos(entry) if convention[0] == convention[2] else torch.asin(entry)
+        return torch.stack((entry, middle, entry), -1)
 
     euler = guard_for("pytorch3d_euler_gimbal")
     target = own_target(
