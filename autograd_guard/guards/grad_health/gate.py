@@ -80,10 +80,10 @@ class Gates:
             return known[1]
         gated = False
         for index, klass in enumerate(kind.__mro__):
-            step = klass.__dict__.get("step")
-            if step is None:
+            own = klass.__dict__.get("step")
+            if own is None:
                 continue
-            cell = self._body_cell(step)
+            cell = self._body_cell(own)
             if cell is not None:
                 if not getattr(cell.cell_contents, _GATE, None):
                     self._cells.append((cell, cell.cell_contents))
