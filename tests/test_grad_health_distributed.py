@@ -50,8 +50,14 @@ def fsdp2_missing() -> str | None:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        if hasattr(module, "fully_shard"):
-            return None
+        if not hasattr(module, "fully_shard"):
+            continue
+        if not hasattr(torch.cpu.Stream, "record_event"):  # torch 2.4-2.6
+            return (
+                f"FSDP2 cannot run on CPU in torch {torch.__version__}: its all-gather calls "
+                "torch.cpu.Stream.record_event, which this torch does not have"
+            )
+        return None
     return f"FSDP2 (fully_shard) is not in torch {torch.__version__}"
 
 
