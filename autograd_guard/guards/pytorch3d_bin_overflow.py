@@ -177,15 +177,17 @@ def most_in_one_bin(args: tuple[Any, ...], layout: Layout) -> int:
     low, high, skip = _bounding_boxes(elements, args[layout.size], layout.kind)
     height, width = (int(side) for side in args[layout.image])
     bin_size = int(args[layout.bins])
-    y0, y1 = _covered(low[:, 1], high[:, 1], *_edges(height, width, bin_size, device))
-    x0, x1 = _covered(low[:, 0], high[:, 0], *_edges(width, height, bin_size, device))
+    y_low, y_high = _edges(height, width, bin_size, device)
+    x_low, x_high = _edges(width, height, bin_size, device)
+    y0, y1 = _covered(low[:, 1], high[:, 1], y_low, y_high)
+    x0, x1 = _covered(low[:, 0], high[:, 0], x_low, x_high)
     index = torch.arange(len(elements), device=device)[:, None]
     first, count = args[1].to(device)[None], args[2].to(device)[None]
     binned = ~skip & (y0 < y1) & (x0 < x1)  # in front of the camera, on some bin
     weight = ((index >= first) & (index < first + count) & binned[:, None]).to(torch.int32)
-    columns = 2 + (width - 1) // bin_size  # the bins along x, and one past the last
+    columns = len(x_low) + 1  # the bins along x, and one past the last
     counts = torch.zeros(
-        (2 + (height - 1) // bin_size) * columns, weight.shape[1], dtype=torch.int32, device=device
+        (len(y_low) + 1) * columns, weight.shape[1], dtype=torch.int32, device=device
     )
     for y, x, sign in ((y0, x0, 1), (y0, x1, -1), (y1, x0, -1), (y1, x1, 1)):
         counts.index_add_(0, y * columns + x, weight, alpha=sign)
