@@ -75,14 +75,19 @@ def _start() -> None:
 
 def plan_key() -> str:
     """What a plan is made for: this package (its folder, version and guard modules), the
-    working directory and every variable of the guard's."""
+    working directory, the program (policy discovery starts from its folder) and every
+    variable of the guard's."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:  # a guard module added or removed (an editable install) changes the folder
         layout = str(os.stat(os.path.join(package, "guards")).st_mtime_ns)
     except OSError:
         layout = ""
     settings = [os.environ.get(name, "") for name in VARIABLES]
-    return "\0".join([package, VERSION, layout, os.getcwd(), *settings])
+    argv = getattr(sys, "argv", None) or [""]
+    program = os.path.dirname(argv[0])  # a script's folder (relative to the directory)
+    if argv[0] == "-m":  # the module's name: sys.orig_argv holds it where sys.argv has -m
+        program = (getattr(sys, "orig_argv", None) or [""] * len(argv))[-len(argv)]
+    return "\0".join([package, VERSION, layout, os.getcwd(), program, *settings])
 
 
 def _modules_if_valid(plan: "Any") -> "list[str] | None":

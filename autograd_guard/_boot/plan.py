@@ -59,7 +59,7 @@ def _install_then_run_hooks(module: ModuleType) -> None:
 
 
 def _save_plan(key: str) -> None:
-    from autograd_guard._policy.files import discover
+    from autograd_guard._policy.files import discover, program_folder
 
     policy = STATE.policy
     files = [stamp(path) for path in policy.files]
@@ -67,7 +67,7 @@ def _save_plan(key: str) -> None:
         return  # a dict policy, or a file that went away: no plan
     consulted: list[str] = []
     try:
-        if discover(None, os.getcwd(), consulted).path != policy.files[0]:
+        if discover(None, os.getcwd(), consulted, program_folder()).path != policy.files[0]:
             return  # the policy was not the one discovered
     except Exception:
         return

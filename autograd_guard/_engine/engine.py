@@ -15,7 +15,6 @@ from autograd_guard._policy import policy as _policy
 from autograd_guard._runtime import contract as _guard_contract
 from autograd_guard._runtime import patching as _patching
 from autograd_guard._runtime.guard import describe_error
-from autograd_guard.errors import PolicyError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -200,15 +199,15 @@ def _dynamo_compile_lock() -> Any:
 
 
 def install_from_environment(environ: Mapping[str, str] | None = None) -> None:
-    """The auto-load: install; a policy it cannot use stops the process where strict was
-    asked for, else the program runs unguarded (see ``_policy.failure``)."""
-    environ = os.environ if environ is None else environ
-    try:
-        install(None)
-    except PolicyError as exc:
-        from autograd_guard._policy import failure as _policy_failure
+    """The auto-load: install what can be used of the policy; a problem stops the program
+    at its import of torch where strict was asked for (see ``_policy.failure``)."""
+    from autograd_guard._policy import failure as _policy_failure
+    from autograd_guard.guards import available
 
-        _policy_failure.unusable(exc, environ)
+    environ = os.environ if environ is None else environ
+    policy = _policy_failure.autoload(environ, available())
+    if policy is not None:
+        install(policy)
 
 
 def status() -> dict[str, Any]:

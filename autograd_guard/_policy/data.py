@@ -74,6 +74,7 @@ class Policy:
         self.env_mode: Mode | None = None
         self.log_source = "AUTOGRAD_GUARD_LOG"  # where ``log`` was set, for messages
         self.files: list[str] = []  # the policy files read, ``extends`` included
+        self.why = ""  # why this policy is in force (found where, or named by what)
         # Setup mistakes that leave the policy usable (an unknown guard to disable).
         self.warnings: list[PolicyError] = []
 

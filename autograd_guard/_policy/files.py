@@ -1,10 +1,11 @@
 """Policy files: the shipped presets, where the policy is found, and reading its TOML.
 
-Search order: ``AUTOGRAD_GUARD_POLICY`` (a path or a preset name), then the nearest folder,
-from the working directory up, with an ``autograd_guard.toml`` or a ``pyproject.toml``
-holding ``[tool.autograd_guard]`` (the former first within one folder), then the shipped
-``default`` preset. Start-up runs this code, so it sticks to ``os.path``: pathlib and re
-cost milliseconds.
+Search order: ``AUTOGRAD_GUARD_POLICY`` (a path or a preset name); then the nearest folder
+with an ``autograd_guard.toml`` or a ``pyproject.toml`` holding ``[tool.autograd_guard]``
+(the former first within one folder), from the program's own folder up (the ``__main__``
+script's folder, or the ``-m`` module's package), then from the working directory up;
+then the shipped ``default`` preset. Start-up runs this code, so it sticks to ``os.path``:
+pathlib and re cost milliseconds.
 """
 
 from __future__ import annotations
@@ -25,15 +26,19 @@ POLICY_FILE = "autograd_guard.toml"
 
 
 class Discovered:
-    """Where the policy comes from: a description for messages, the file, and whether it is
-    a ``pyproject.toml`` (whose ``[tool.autograd_guard]`` table is the policy)."""
+    """Where the policy comes from: a description for messages, the file, whether it is
+    a ``pyproject.toml`` (whose ``[tool.autograd_guard]`` table is the policy), and why
+    this one is in force, in words."""
 
-    __slots__ = ("description", "is_pyproject", "path")
+    __slots__ = ("description", "is_pyproject", "path", "why")
 
-    def __init__(self, description: str, path: str, is_pyproject: bool = False) -> None:
+    def __init__(
+        self, description: str, path: str, is_pyproject: bool = False, why: str = ""
+    ) -> None:
         self.description = description
         self.path = path
         self.is_pyproject = is_pyproject
+        self.why = why
 
     def __iter__(self) -> Iterator[Any]:  # unpacks like a tuple
         return iter((self.description, self.path, self.is_pyproject))
@@ -62,17 +67,37 @@ def preset_summary(name: str) -> str:
 
 
 def discover(
-    environ: Mapping[str, str] | None, cwd: str, consulted: list[str] | None = None
+    environ: Mapping[str, str] | None,
+    cwd: str,
+    consulted: list[str] | None = None,
+    program: str | None = None,
 ) -> Discovered:
-    """Where the policy comes from; the files looked at are added to ``consulted`` (a
-    start plan holds while none of them changes, see ``_boot``)."""
+    """Where the policy comes from: ``program`` (the program's own folder, see
+    ``program_folder``) is searched before ``cwd``; the files looked at are added to
+    ``consulted`` (a start plan holds while none of them changes, see ``_boot``)."""
     looked = [] if consulted is None else consulted
     named = _environment.policy_name(environ)
     if named:  # a name is a file's where one is there, else a preset's
         looked.append(os.path.join(cwd, os.path.expanduser(named)))
-        return resolve_named(named, "AUTOGRAD_GUARD_POLICY")
-    folder = os.path.abspath(cwd)
-    while True:  # the nearest folder with a policy wins, as for ruff's configuration
+        found = resolve_named(named, "AUTOGRAD_GUARD_POLICY")
+        found.why = f"named by AUTOGRAD_GUARD_POLICY={named!r}"
+        return found
+    starts = [(program, "the nearest policy above the program's folder")] if program else []
+    starts.append((cwd, "the nearest policy above the working directory"))
+    for start, why in starts:
+        nearest = _nearest(os.path.abspath(start), looked)
+        if nearest is not None:
+            nearest.why = f"{why} ({start})"
+            return nearest
+    default = os.path.join(presets_dir(), "default.toml")
+    places = " or ".join(start for start, _ in starts)
+    return Discovered("preset default", default, why=f"no policy file above {places}")
+
+
+def _nearest(folder: str, looked: list[str]) -> Discovered | None:
+    """The policy in ``folder`` or the nearest folder above it (as ruff finds its
+    configuration), or None."""
+    while True:
         candidate = os.path.join(folder, POLICY_FILE)
         pyproject = os.path.join(folder, "pyproject.toml")
         looked += [candidate, pyproject]
@@ -84,8 +109,58 @@ def discover(
             return Discovered(f"{pyproject} [tool.autograd_guard]", pyproject, True)
         parent = os.path.dirname(folder)
         if parent == folder:
-            return Discovered("preset default", os.path.join(presets_dir(), "default.toml"))
+            return None
         folder = parent
+
+
+def program_folder() -> str | None:
+    """The folder of the program this interpreter runs, where a policy beside it is
+    looked for: the ``__main__`` script's folder, or for ``python -m NAME`` the folder of
+    NAME's package, found without importing anything. None for ``-c``, the REPL and
+    standard input, and for a program installed in this environment (a console script,
+    a module of site-packages): those follow the working directory."""
+    import sys
+
+    argv = getattr(sys, "argv", None) or [""]
+    script = argv[0]
+    if script == "-m":
+        folder = _module_folder(getattr(sys, "orig_argv", None) or [], len(argv))
+    elif script and script not in ("-c", "-"):
+        path = os.path.abspath(script)
+        folder = path if os.path.isdir(path) else os.path.dirname(path)
+    else:
+        return None
+    if folder is None or not os.path.isdir(folder):
+        return None
+    prefixes = {os.path.abspath(p) + os.sep for p in (sys.prefix, sys.base_prefix)}
+    return None if any((folder + os.sep).startswith(p) for p in prefixes) else folder
+
+
+def _module_folder(orig_argv: list[str], count: int) -> str | None:
+    """The folder of the ``-m`` module's package: ``orig_argv`` holds ``-m NAME`` (or
+    ``-mNAME``) where ``sys.argv`` holds its ``count`` items, ``-m`` first."""
+    if len(orig_argv) < count:
+        return None
+    name = orig_argv[-count]
+    name = name[2:] if name.startswith("-m") else name
+    parts = [part for part in name.split(".") if part]
+    if not parts:
+        return None
+    import sys
+
+    for root in [os.getcwd(), *sys.path]:  # -m puts the working directory first
+        folder = os.path.join(root or os.curdir, parts[0])
+        if os.path.isdir(folder) or os.path.isfile(folder + ".py"):
+            break
+    else:
+        return None
+    if not os.path.isdir(folder):
+        return os.path.abspath(root or os.curdir)  # a top-level module: its folder
+    for part in parts[1:]:
+        if not os.path.isdir(os.path.join(folder, part)):
+            break
+        folder = os.path.join(folder, part)
+    return os.path.abspath(folder)
 
 
 def _not_a_policy_file(path: str) -> PolicyError:

@@ -74,7 +74,22 @@ def build(
 def _log_destination(source: str, value: Any) -> str:
     """A file path, or a keyword in any case (``Stderr`` is stderr, never a file)."""
     text: str = Option(str, None).check(source, "log", value)
-    return text.lower() if text.lower() in LOG_KEYWORDS else text
+    return _not_a_near_miss(source, "log", text.lower() if text.lower() in LOG_KEYWORDS else text)
+
+
+def _not_a_near_miss(source: str, key: str, log: str) -> str:
+    """``log``, unless it is a near miss of a keyword (``stdrr``: a file of that name
+    was never meant); a path (a folder or an extension in it) is never one."""
+    meant = closest(log, LOG_KEYWORDS)
+    if log in LOG_KEYWORDS or not meant or any(c in log for c in "./\\"):
+        return log
+    raise PolicyError(
+        source,
+        key,
+        f"{short(log)} is no keyword and looks like a typo of one; events go to stderr",
+        f"{', '.join(LOG_KEYWORDS)}, or a file path (with a folder or an extension)",
+        meant,
+    )
 
 
 def _disabled(
@@ -263,7 +278,8 @@ def apply_environment(
         problems.add(
             _environment.AUTOGRAD_GUARD,
             "",
-            f"invalid value {short(value)}",
+            f"invalid value {short(value)}, ignored: the guard is on in the policy's modes "
+            f"(mode {policy.mode})",
             "1, on, true, yes, observe, fix, strict, or 0/off/empty to disable",
             closest(value, [*MODES, *_environment.ON_VALUES]),
         )
@@ -273,8 +289,11 @@ def apply_environment(
     policy.warnings += [absent(variable, "", n, known) for n in sorted(disabled - set(known))]
     policy.disabled |= disabled
     log = _environment.log(environ)
-    if log:
-        policy.log, policy.log_source = log, _environment.AUTOGRAD_GUARD_LOG
+    variable = _environment.AUTOGRAD_GUARD_LOG
+    if log and problems.attempt(_not_a_near_miss, variable, "", log) is not None:
+        policy.log, policy.log_source = log, variable
+    elif log:  # a near miss of a keyword: the events still reach stderr
+        policy.log, policy.log_source = None, "default"
 
 
 def _check_keys(
