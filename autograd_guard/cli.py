@@ -62,8 +62,10 @@ COMMANDS = {
         "FILE defaults to the policy in force here. Checks every key and value, that each "
         "rule's module can be found (the whole dotted path, without importing anything), "
         "and that the log destination can be written. Prints every problem, each naming "
-        "the file, the key and what is allowed; exit status 1 if there is one. A rule "
-        "whose module cannot be found is a warning, as in a run (named at exit), and "
+        "the file, the key and what is allowed; exit status 1 if there is one (a run "
+        "ignores each such setting, with a warning, and applies the rest). A rule whose "
+        "package is installed but lacks its module is a problem (a typo); one whose "
+        "package is not installed here is a warning, as in a run (named at exit), and "
         "fails the check only with --strict.",
     ),
     "init": (

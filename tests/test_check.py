@@ -71,18 +71,40 @@ def test_check_resolves_the_whole_module_path_without_importing(tmp_path, capsys
     assert check(capsys, str(policy))[0] == 0
     policy.write_text(rule("fitlib.trian:fit") + rule("fitlib.train.deep:fit") + rule("fitlb:f"))
     status, _, err = check(capsys, str(policy))
-    assert status == 0  # warnings, as a run says them: --strict fails on them
+    assert status == 1  # a module that the installed package lacks is a typo: a problem
     lines = err.splitlines()
     attach = ": a run cannot attach it and names it at exit (unattached_rules)"
-    assert lines[0] == (
-        f"warning: {policy}: rules[0].target: package 'fitlib' ({fitlib}) has no module "
-        f"'trian'; did you mean 'fitlib.train'? (for 'fitlib.trian:fit'){attach}"
-    )
     assert lines[1] == (
-        f"warning: {policy}: rules[1].target: 'fitlib.train' is a module, not a "
+        f"invalid policy: {policy}: rules[0].target: package 'fitlib' ({fitlib}) has no "
+        f"module 'trian'; did you mean 'fitlib.train'? (for 'fitlib.trian:fit'){attach}"
+    )
+    assert lines[2] == (
+        f"invalid policy: {policy}: rules[1].target: 'fitlib.train' is a module, not a "
         f"package: it has no submodule 'deep' (for 'fitlib.train.deep:fit'){attach}"
     )
-    assert "no module 'fitlb' can be found here; did you mean 'fitlib'?" in lines[2]
+    assert lines[0].startswith(f"warning: {policy}: rules[2].target: no module 'fitlb' ")
+    assert "did you mean 'fitlib'?" in lines[0] and len(lines) == 3
+
+
+def test_a_package_that_is_not_installed_is_a_warning_that_strict_fails(tmp_path, capsys):
+    policy = tmp_path / "autograd_guard.toml"
+    policy.write_text(rule("notinstalledpkg.train:fit"))
+    status, out, err = check(capsys, str(policy))
+    assert status == 0 and out.startswith("ok: ") and "1 warning" in out
+    assert err.startswith(f"warning: {policy}: rules[0].target: no module 'notinstalledpkg' ")
+    assert check(capsys, "--strict", str(policy))[0] == 1
+
+
+@pytest.mark.parametrize(("where", "value"), [("policy", "stdrr"), ("variable", "loging")])
+def test_a_near_miss_of_a_log_keyword_is_a_problem(tmp_path, capsys, monkeypatch, where, value):
+    policy = tmp_path / "autograd_guard.toml"
+    policy.write_text(f'log = "{value}"\n' if where == "policy" else "")
+    if where == "variable":
+        monkeypatch.setenv("AUTOGRAD_GUARD_LOG", value)
+    status, _, err = check(capsys, str(policy))
+    assert status == 1 and "looks like a typo of one; events go to stderr" in err
+    assert "did you mean 'stderr'?" in err if value == "stdrr" else "'logging'?" in err
+    assert not (tmp_path / value).exists()
 
 
 def test_init_writes_a_file_that_checks_clean(tmp_path, capsys):

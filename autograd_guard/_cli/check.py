@@ -28,10 +28,11 @@ def check_policy(args: argparse.Namespace) -> int:
     """Print every problem and warning (stderr) and note; exit status 1 when there is a
     problem (with ``--strict``, a warning too).
 
-    Warnings are what a run says and runs on: a rule whose module cannot be found (the
-    run names it at exit as ``unattached_rules``, a warning) and an unknown guard in
-    ``AUTOGRAD_GUARD_DISABLE`` (the run says it on stderr and runs on); problems are
-    what makes a run refuse the policy."""
+    Warnings are setup facts a run says and runs on: a rule whose package is not
+    installed here (the run names it at exit as ``unattached_rules``) and an unknown guard
+    in ``AUTOGRAD_GUARD_DISABLE``; problems are mistakes to fix: a key or value the run
+    ignores (with a warning, the rest applied), a near miss of a ``log`` keyword, a rule
+    whose package is installed but has no such module (a typo)."""
     problems, warnings = Problems(), Problems()
     try:
         policy = _policy.load(args.file, available(), problems=problems)
@@ -41,7 +42,7 @@ def check_policy(args: argparse.Namespace) -> int:
     notes: list[str] = []
     if policy is not None:
         warnings.found.extend(policy.warnings)
-        notes = _rule_modules(policy, warnings)
+        notes = _rule_modules(policy, warnings, problems)
         _log_destination(policy, problems)
     for note in notes:
         print(f"note: {note}")
@@ -61,9 +62,10 @@ def check_policy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rule_modules(policy: Policy, warnings: Problems) -> list[str]:
-    """A warning for each rule whose module cannot be found, the whole dotted path
-    resolved without importing anything, in the words of the run's ``unattached_rules``
+def _rule_modules(policy: Policy, warnings: Problems, problems: Problems) -> list[str]:
+    """Each rule whose module cannot be found, the whole dotted path resolved without
+    importing anything: a problem where its package is installed (a typo of the module,
+    with its did-you-mean), else a warning, in the words of the run's ``unattached_rules``
     finding; a rule of a shipped preset (Unique3D's stages) only earns a note, as the run
     leaves those out. Returns the notes."""
     notes = []
@@ -75,6 +77,8 @@ def _rule_modules(policy: Policy, warnings: Problems) -> list[str]:
         text = f"{why} (for {rule.target!r}): {NEVER_ATTACHES}"
         if rule.origin.startswith("preset "):
             notes.append(f"{rule.origin}: {rule.key}.target: {text}")
+        elif _locate.installed(rule.module, search):
+            problems.add(rule.origin, f"{rule.key}.target", text)
         else:
             warnings.add(rule.origin, f"{rule.key}.target", text)
     return notes

@@ -40,6 +40,12 @@ def why_not_found(dotted: str, search: Sequence[str]) -> str:
     return ""
 
 
+def installed(dotted: str, search: Sequence[str]) -> bool:
+    """Whether the top-level package of ``dotted`` can be found (a missing module below it
+    is then a typo, not a package that this environment lacks)."""
+    return _find_top(dotted.partition(".")[0], search) is not None
+
+
 def _find_top(name: str, search: Sequence[str]) -> ModuleSpec | None:
     try:
         spec = importlib.util.find_spec(name)

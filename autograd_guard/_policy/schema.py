@@ -275,13 +275,14 @@ def apply_environment(
     if value in MODES:
         policy.env_mode = as_mode(value)
     elif value not in _environment.ON_VALUES | _environment.OFF_VALUES:
+        meant = closest(value, [*MODES, *_environment.ON_VALUES])
+        ignored = f", ignored: the guard is on in the policy's modes (mode {policy.mode})"
         problems.add(
             _environment.AUTOGRAD_GUARD,
             "",
-            f"invalid value {short(value)}, ignored: the guard is on in the policy's modes "
-            f"(mode {policy.mode})",
+            f"invalid value {short(value)}{'' if meant == 'strict' else ignored}",
             "1, on, true, yes, observe, fix, strict, or 0/off/empty to disable",
-            closest(value, [*MODES, *_environment.ON_VALUES]),
+            meant,
         )
     known = ["*", *guard_names]
     disabled = {_keyword(name, known) for name in _environment.disabled(environ)}
