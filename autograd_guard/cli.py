@@ -120,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
         name: commands.add_parser(name, help=summary, description=f"{summary} {text}")
         for name, (summary, text) in COMMANDS.items()
     }
+    sub["doctor"].add_argument(
+        "program", nargs="?", help="a script: the policy its run would find (beside it first)"
+    )
     sub["check"].add_argument("file", nargs="?", help="policy file (default: the one in force)")
     sub["check"].add_argument(
         "--strict", action="store_true", help="exit status 1 for a warning too (for CI)"

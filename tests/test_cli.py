@@ -34,9 +34,26 @@ def test_versions_outside_the_matrix_are_named():
 
 
 def test_doctor_reports_an_invalid_policy(tmp_path, capsys):
-    (tmp_path / "autograd_guard.toml").write_text("mode = 1\n")
+    (tmp_path / "autograd_guard.toml").write_text('mode = 1\nlog = "stdrr"\n')
     assert cli.main(["doctor"]) == 1
-    assert "policy        INVALID" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"policy        {tmp_path / 'autograd_guard.toml'}\n" in out
+    assert f"              found from the working directory {tmp_path} up\n" in out
+    assert "  2 problems (a run ignores each; see 'autograd-guard check'):\n" in out
+    assert "did you mean 'stderr'?" in out and "\nlog           stderr\n" in out
+
+
+def test_doctor_names_the_policy_beside_a_program_and_why(tmp_path, capsys):
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "autograd_guard.toml").write_text('mode = "observe"\n')
+    (tmp_path / "autograd_guard.toml").write_text('mode = "fix"\n')
+    assert cli.main(["doctor", "app/train.py"]) == 0
+    out = capsys.readouterr().out
+    assert f"policy        {app / 'autograd_guard.toml'}\n" in out
+    assert f"found from the program's folder {app} up\n" in out and "mode          observe" in out
+    assert cli.main(["doctor"]) == 0
+    assert f"found from the working directory {tmp_path} up\n" in capsys.readouterr().out
 
 
 def test_check_and_init(tmp_path, capsys):

@@ -25,33 +25,59 @@ PTH_NAME = "autograd_guard.pth"
 RUN_ADVICE = "or run programs with 'autograd-guard run -- CMD ARGS'"
 
 
-def doctor(_: argparse.Namespace) -> int:
+def doctor(args: argparse.Namespace) -> int:
+    """Exit status 1 where the policy has a problem (a run ignores it and applies the rest,
+    or stops at the import of torch where strict was asked for)."""
     _print_setup()
     guards = available()
-    problems = Problems()
-    try:
-        policy = _policy.load(None, guards, problems=problems)
-    except PolicyError as exc:
-        problems.found.extend(exc.problems)
-    if problems.found:
-        count = plural(len(problems.found), "problem")
-        print(f"policy        INVALID ({count}; see 'autograd-guard check')")
-        for problem in problems.found:
-            print(f"  {problem}")
-        return 1
-    print(f"policy        {policy.source}")
-    for warning in policy.warnings:
-        print(f"  warning: {warning}")
-    print(
-        f"mode          {policy.env_mode or policy.mode}"
-        f"{' (from AUTOGRAD_GUARD)' if policy.env_mode else ''}"
-    )
+    program = _program(getattr(args, "program", None))
+    policy, problems = _policy_in_force(guards, program)
+    mode = f"{policy.env_mode or policy.mode}"
+    print(f"mode          {mode}{' (from AUTOGRAD_GUARD)' if policy.env_mode else ''}")
     print(f"log           {policy.log or 'stderr'}")
     print("guards")
     width = max([len(guard_class.name) for guard_class in guards], default=0)
     for guard_class in guards:
         _print_guard(guard_class, policy, width)
-    return 0
+    return 1 if problems else 0
+
+
+def _program(path: str | None) -> str | None:
+    """The folder where a run of the program at ``path`` looks for its policy first."""
+    if not path:
+        return None
+    full = os.path.abspath(path)
+    return full if os.path.isdir(full) else os.path.dirname(full)
+
+
+def _policy_in_force(
+    guards: list[type[Guard]], program: str | None
+) -> tuple[_policy.Policy, list[PolicyError]]:
+    """The policy a run here would use, and its problems, as the auto-load decides
+    (``_policy.failure``): printed with where it was found and why."""
+    from autograd_guard._policy import failure as _policy_failure
+    from autograd_guard._policy import files as _policy_files
+
+    problems = Problems()
+    try:
+        policy = _policy.load(None, guards, os.environ, os.getcwd(), problems, program)
+    except PolicyError as exc:
+        problems.found.extend(exc.problems)
+        default = os.path.join(_policy_files.presets_dir(), "default.toml")
+        policy = _policy.load(default, guards, os.environ, os.getcwd(), Problems())
+        policy.source, policy.why = "preset default", f"{exc.source} cannot be used"
+    print(f"policy        {policy.source}")
+    print(f"              {policy.why}")
+    found = problems.found
+    if found:
+        asked = _policy_failure.strict_requested(os.environ, os.getcwd(), program)
+        what = "strict: a run stops at its import of torch" if asked else "a run ignores each"
+        print(f"  {plural(len(found), 'problem')} ({what}; see 'autograd-guard check'):")
+    for problem in found:
+        print(f"  invalid: {problem}")
+    for warning in policy.warnings:
+        print(f"  warning: {warning}")
+    return policy, found
 
 
 def _print_setup() -> None:

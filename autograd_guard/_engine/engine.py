@@ -208,6 +208,7 @@ def install_from_environment(environ: Mapping[str, str] | None = None) -> None:
     policy = _policy_failure.autoload(environ, available())
     if policy is not None:
         install(policy)
+        _events.in_first_event(policy=f"{policy.source}, {policy.why}")
 
 
 def status() -> dict[str, Any]:

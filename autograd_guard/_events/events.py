@@ -29,6 +29,17 @@ def configure(log: str | None, source: str = "AUTOGRAD_GUARD_LOG") -> None:
         STATE.logger = None
 
 
+_FIRST: dict[str, Any] = {}  # fields for the process's first event shown (see in_first_event)
+
+
+def in_first_event(**fields: Any) -> None:
+    """Add ``fields`` to the next event shown, the run's first (the policy in force and
+    why), so that a run says it where something happens, and only there."""
+    with STATE.event_lock:
+        _FIRST.clear()
+        _FIRST.update(fields)
+
+
 def mute(muted: bool = True) -> None:
     """Count events but show none, nor the exit summary: for the command line's own
     commands, whose output is their report (``doctor`` names a broken guard in words)."""
@@ -57,6 +68,7 @@ def reset(totals: bool = False) -> None:
     ``totals`` (a command of the command line leaves none of its own)."""
     with STATE.event_lock:
         STATE.counts.clear()
+        _FIRST.clear()
         if totals:
             STATE.totals.clear()
 
@@ -110,6 +122,9 @@ def emit(
         STATE.counts[key] = seen + 1
         STATE.totals[key] = STATE.totals.get(key, 0) + 1
         listeners = list(STATE.listeners)
+        first = {} if (seen and not always) or STATE.muted else dict(_FIRST)
+        if first:
+            _FIRST.clear()
     if (seen and not always) or STATE.muted:
         return False
     record: dict[str, Any] = {
@@ -127,6 +142,7 @@ def emit(
     if rank is not None:
         record["rank"] = rank
     record.update((k, v) for k, v in fields.items() if v is not None)
+    record.update(first)
     _deliver(level, record, listeners)
     return True
 

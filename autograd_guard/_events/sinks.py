@@ -85,6 +85,8 @@ def _render_line(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> str:
         line += f": {event_dict['error']}"
     if event_dict.get("remedy"):
         line += f" | remedy: {event_dict['remedy']}"
+    if event_dict.get("policy"):  # the run's first event: the policy in force and why
+        line += f" | policy: {event_dict['policy']}"
     return line
 
 

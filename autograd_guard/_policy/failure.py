@@ -64,9 +64,10 @@ def autoload(environ: Mapping[str, str], guards: Iterable[type[GuardOptions]]) -
         found = problems.found
     except PolicyError as exc:  # the file cannot be found, read or parsed
         policy, found = None, exc.problems
-    if found and strict_requested(environ, cwd, program):
+    asked = strict_requested(environ, cwd, program) if found else ""
+    if asked:
         STATE.error = str(PolicyErrors(found))
-        _stop_at_torch(stop_lines(found, strict_requested(environ, cwd, program)))
+        _stop_at_torch(stop_lines(found, asked))
         return None
     headline = partial_headline(found) if found else ""
     if policy is None:

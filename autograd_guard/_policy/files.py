@@ -80,18 +80,18 @@ def discover(
     if named:  # a name is a file's where one is there, else a preset's
         looked.append(os.path.join(cwd, os.path.expanduser(named)))
         found = resolve_named(named, "AUTOGRAD_GUARD_POLICY")
-        found.why = f"named by AUTOGRAD_GUARD_POLICY={named!r}"
+        found.why = "named by AUTOGRAD_GUARD_POLICY"
         return found
-    starts = [(program, "the nearest policy above the program's folder")] if program else []
-    starts.append((cwd, "the nearest policy above the working directory"))
+    starts = [(program, "the program's folder")] if program else []
+    starts.append((cwd, "the working directory"))
     for start, why in starts:
         nearest = _nearest(os.path.abspath(start), looked)
         if nearest is not None:
-            nearest.why = f"{why} ({start})"
+            nearest.why = f"found from {why} {start} up"
             return nearest
     default = os.path.join(presets_dir(), "default.toml")
-    places = " or ".join(start for start, _ in starts)
-    return Discovered("preset default", default, why=f"no policy file above {places}")
+    places = " nor ".join(f"{why} {start}" for start, why in starts)
+    return Discovered("preset default", default, why=f"no policy file from {places} up")
 
 
 def _nearest(folder: str, looked: list[str]) -> Discovered | None:
