@@ -11,6 +11,7 @@ from pathlib import Path
 from autograd_guard._cli import check as _check
 from autograd_guard._cli import doctor as _doctor
 from autograd_guard._cli import report as _report
+from autograd_guard._cli import run as _run
 from autograd_guard._common import environment as _environment
 from autograd_guard._events import events as _events
 from autograd_guard._policy import files as _policy_files
@@ -75,7 +76,8 @@ COMMANDS = {
     "run": (
         "Run a command with the guard on where .pth files are not processed.",
         "Usage: autograd-guard run -- CMD ARGS. For example a 'pip install --target' "
-        "folder on PYTHONPATH; child processes are guarded too.",
+        "folder on PYTHONPATH; child processes are guarded too. A Python command with -S "
+        "(which skips the site module, where the guard starts) is refused: exit status 2.",
     ),
     "report": (
         "Summarise a JSON-lines event log.",
@@ -164,6 +166,10 @@ def run_command(args: argparse.Namespace) -> int:
     if not cmd:
         print("usage: autograd-guard run -- CMD [ARGS...]", file=sys.stderr)
         return 2
+    refusal = _run.refusal(cmd)
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return _run.STOP_STATUS
     env = dict(os.environ)
     if not _environment.requested(env):
         env["AUTOGRAD_GUARD"] = "1"

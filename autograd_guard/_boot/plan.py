@@ -27,6 +27,10 @@ def install_now(key: str | None = None) -> None:
     from autograd_guard._engine import engine as _engine
 
     _engine.install_from_environment()
+    if STATE.policy is not None:
+        from autograd_guard._boot import word
+
+        word.register()
     if key is not None and STATE.policy is not None and STATE.error is None:
         _save_plan(key)
 

@@ -47,6 +47,17 @@ def mute(muted: bool = True) -> None:
         STATE.muted = muted
 
 
+def after_summary(say: Callable[[], None]) -> None:
+    """Run ``say`` once at exit, after the summary (a last line of its own)."""
+    with STATE.event_lock:
+        if say not in _AFTER:
+            _AFTER.append(say)
+    _register_summary()
+
+
+_AFTER: list[Callable[[], None]] = []
+
+
 def at_exit(check: Callable[[], None]) -> None:
     """Run ``check`` once at exit, before the summary, so that what it logs is counted."""
     with STATE.event_lock:
@@ -194,6 +205,11 @@ def _summary_at_exit() -> None:
         except Exception:
             pass
     _log_summary()
+    for say in list(_AFTER):
+        try:  # noqa: SIM105 - contextlib costs start-up time
+            say()
+        except Exception:
+            pass
     _exit_with_status()
 
 

@@ -5,6 +5,7 @@ A leaf module, so that the guard contract can declare options without the policy
 
 from __future__ import annotations
 
+from autograd_guard._common.environment import LOG_KEYWORDS
 from autograd_guard.errors import PolicyError, closest
 
 TYPE_CHECKING = False
@@ -128,3 +129,21 @@ def short(value: Any) -> str:
     """``repr(value)``, cut to 60 characters for messages."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def log_destination(source: str, key: str, value: Any) -> str:
+    """A file path, or a keyword in any case (``Stderr`` is stderr, never a file); a near
+    miss of a keyword (``stdrr``: a file of that name was never meant) is refused, and a
+    path (a folder or an extension in it) is never one."""
+    text: str = Option(str, None).check(source, key, value)
+    log = text.lower() if text.lower() in LOG_KEYWORDS else text
+    meant = closest(log, LOG_KEYWORDS)
+    if log in LOG_KEYWORDS or not meant or any(c in log for c in "./\\"):
+        return log
+    raise PolicyError(
+        source,
+        key,
+        f"{short(log)} is no keyword and looks like a typo of one; events go to stderr",
+        f"{', '.join(LOG_KEYWORDS)}, or a file path (with a folder or an extension)",
+        meant,
+    )

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 
 from autograd_guard._common import environment as _environment
-from autograd_guard._common.environment import LOG_KEYWORDS, MODES, as_mode
+from autograd_guard._common.environment import MODES, as_mode
 from autograd_guard._policy import files as _policy_files
 from autograd_guard._policy.data import GuardSettings, Policy, Rule
-from autograd_guard._policy.options import MAX_LIST, MAX_STRING, Option, short
+from autograd_guard._policy.options import MAX_LIST, MAX_STRING, Option, log_destination, short
 from autograd_guard.errors import PolicyError, Problems, closest
 
 TYPE_CHECKING = False
@@ -59,7 +59,7 @@ def build(
     if "mode" in data:
         base.mode = problems.attempt(_mode, source, "mode", data["mode"]) or base.mode
     if "log" in data:
-        log = problems.attempt(_log_destination, source, data["log"])
+        log = problems.attempt(log_destination, source, "log", data["log"])
         if log is not None:
             base.log, base.log_source = log or None, f"the 'log' key of {source}"
     if "disable" in data:
@@ -69,27 +69,6 @@ def build(
     if "rules" in data:
         base.rules += problems.attempt(_parse_rules, source, data["rules"], guards, problems) or []
     return base
-
-
-def _log_destination(source: str, value: Any) -> str:
-    """A file path, or a keyword in any case (``Stderr`` is stderr, never a file)."""
-    text: str = Option(str, None).check(source, "log", value)
-    return _not_a_near_miss(source, "log", text.lower() if text.lower() in LOG_KEYWORDS else text)
-
-
-def _not_a_near_miss(source: str, key: str, log: str) -> str:
-    """``log``, unless it is a near miss of a keyword (``stdrr``: a file of that name
-    was never meant); a path (a folder or an extension in it) is never one."""
-    meant = closest(log, LOG_KEYWORDS)
-    if log in LOG_KEYWORDS or not meant or any(c in log for c in "./\\"):
-        return log
-    raise PolicyError(
-        source,
-        key,
-        f"{short(log)} is no keyword and looks like a typo of one; events go to stderr",
-        f"{', '.join(LOG_KEYWORDS)}, or a file path (with a folder or an extension)",
-        meant,
-    )
 
 
 def _disabled(
@@ -291,7 +270,7 @@ def apply_environment(
     policy.disabled |= disabled
     log = _environment.log(environ)
     variable = _environment.AUTOGRAD_GUARD_LOG
-    if log and problems.attempt(_not_a_near_miss, variable, "", log) is not None:
+    if log and problems.attempt(log_destination, variable, "", log) is not None:
         policy.log, policy.log_source = log, variable
     elif log:  # a near miss of a keyword: the events still reach stderr
         policy.log, policy.log_source = None, "default"

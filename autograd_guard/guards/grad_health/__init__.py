@@ -121,6 +121,10 @@ class GradHealth(StepFlow, Findings, Guard):
         self._named: set[tuple[str, str]] = set()  # (action, call site) named already
         self._probe_lock = threading.Lock()
 
+    def steps_watched(self) -> int:
+        """Optimizer steps seen so far, of every optimizer."""
+        return self._records.steps
+
     def _attach(self, module: ModuleType, target: Target | None) -> None:
         from autograd_guard._common import importer as _importer
 

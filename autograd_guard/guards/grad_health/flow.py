@@ -122,6 +122,7 @@ class StepFlow(ZeroFlow, ClosureFlow):
         self, optimizer: Any, record: Record, args: Any, kwargs: Any, gated: bool
     ) -> object:
         record.step += 1
+        self._records.steps += 1
         record.evaluations = 0
         if record.site is None:  # once per optimizer: for what is said of it at exit
             record.kind, record.site = type(optimizer).__name__, self._sites.site(optimizer)

@@ -131,6 +131,7 @@ class Records:
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[Any, Record]] = {}
         self.retired: list[Record] = []  # of optimizers collected before exit
+        self.steps = 0  # optimizer steps seen, of every optimizer (the run's last line)
 
     def get(self, optimizer: Any) -> Record:
         key = id(optimizer)
