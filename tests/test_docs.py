@@ -131,7 +131,7 @@ def test_commands_name_what_exists(path):
 
 def _strict_stop_bullet() -> str:
     text = " ".join((ROOT / "docs" / "configuration.md").read_text(encoding="utf-8").split())
-    return text.split("**Strict asked for:**", 1)[1].split("**Otherwise:**", 1)[0]
+    return text.split("**Strict asked for:**", 1)[1].split("The headline names", 1)[0]
 
 
 def _run(python, *args: str, cwd, **env: str) -> subprocess.CompletedProcess[str]:
@@ -148,24 +148,26 @@ def _run(python, *args: str, cwd, **env: str) -> subprocess.CompletedProcess[str
 
 
 def test_the_strict_stop_the_docs_describe_is_what_the_code_does(guard_python, tmp_path):
-    """docs/configuration.md: with strict asked for and an invalid setting, every process
-    of the environment, pip included, stops at start with the status the docs name, one
-    headline and one line per problem, no traceback; the autograd-guard command never."""
+    """docs/configuration.md: with strict asked for and an invalid setting, a program stops
+    at its import of torch with the status the docs name, one headline and one line per
+    problem, no traceback; pip and the autograd-guard command run on."""
     from autograd_guard._policy import failure as _policy_failure
 
     claim = _strict_stop_bullet()
-    assert "`pip` and build tools included" in claim and "no traceback" in claim
+    assert "imports torch stops at that import" in claim and "no traceback" in claim
     assert f"exit status {_policy_failure.STOP_STATUS}," in claim
-    assert _run(guard_python, "-m", "pip", "--version", cwd=tmp_path).returncode == 0
-    pip = _run(guard_python, "-m", "pip", "--version", cwd=tmp_path, AUTOGRAD_GUARD="stirct")
-    assert (pip.returncode, pip.stdout) == (_policy_failure.STOP_STATUS, "")
-    headline, *problems = pip.stderr.splitlines()
+    assert "Programs that never import torch (`pip`," in claim
+    torch = _run(guard_python, "-c", "import torch", cwd=tmp_path, AUTOGRAD_GUARD="stirct")
+    assert (torch.returncode, torch.stdout) == (_policy_failure.STOP_STATUS, "")
+    headline, *problems = torch.stderr.splitlines()
     assert headline.startswith("autograd-guard: invalid AUTOGRAD_GUARD value in strict mode")
-    assert len(problems) == 1 and "Traceback" not in pip.stderr
+    assert len(problems) == 1 and "Traceback" not in torch.stderr
+    pip = _run(guard_python, "-m", "pip", "--version", cwd=tmp_path, AUTOGRAD_GUARD="stirct")
+    assert (pip.returncode, pip.stderr) == (0, "") and pip.stdout.startswith("pip ")
     check = _run(
         guard_python, "-m", "autograd_guard.cli", "check", cwd=tmp_path, AUTOGRAD_GUARD="stirct"
     )
-    assert "(exit status 1)" in claim and check.returncode == 1
+    assert "(`autograd-guard check` names the problems)" in claim and check.returncode == 1
     assert check.stderr.startswith("invalid setting: AUTOGRAD_GUARD: invalid value 'stirct'")
 
 
