@@ -46,7 +46,9 @@ def line() -> str | None:
         return None
     if not _is_terminal() or not _main_process():
         return None
-    steps = [g.steps_watched() for g in STATE.guards if hasattr(g, "steps_watched")]
+    steps = [
+        g.steps_watched() for g in STATE.guards if hasattr(g, "steps_watched") and g.mode != "off"
+    ]
     watched = plural(sum(steps), "optimizer step") + " watched" if steps else "grad_health off"
     mode = policy.env_mode or policy.mode
     return f"autograd-guard: on (mode {mode}, policy {policy.source}); {watched}; nothing to report"
