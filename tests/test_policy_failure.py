@@ -217,3 +217,10 @@ def test_the_headline_names_what_is_invalid(
     assert headline.startswith(f"autograd-guard: {subject}")
     assert ("invalid policy" in headline) == (policy is not None)
     assert stops == ([2] if "strict" in subject else [])
+
+
+def test_a_key_with_control_characters_is_printed_escaped(tmp_path, capsys, stops):
+    (tmp_path / "autograd_guard.toml").write_text('"\\u001b[2Jevil" = 1\n')
+    _engine.install_from_environment({"AUTOGRAD_GUARD": "1"})
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\x1b[2Jevil: unknown key" in err

@@ -11,6 +11,7 @@ from autograd_guard._common import versions as _versions
 from autograd_guard._engine import released as _released
 from autograd_guard._engine.unattached import report_unattached_rules
 from autograd_guard._events import events as _events
+from autograd_guard._events.sinks import printable
 from autograd_guard._policy import policy as _policy
 from autograd_guard._runtime import contract as _guard_contract
 from autograd_guard._runtime import patching as _patching
@@ -45,7 +46,7 @@ def _install(policy: Policy | str | Mapping[str, Any] | None) -> None:
     _versions.clear_cache()
     STATE.policy, STATE.error = loaded, None
     for warning in [] if STATE.muted else loaded.warnings:  # the guard runs on
-        sys.stderr.write(f"autograd-guard: {warning}\n")
+        sys.stderr.write(printable(f"autograd-guard: {warning}") + "\n")  # a key may hold any
     for guard_class in guard_classes:
         _start(guard_class, loaded)
     _importer.when_imported("torch._dynamo", _keep_guard_frames_uncompiled)
