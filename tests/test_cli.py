@@ -43,6 +43,15 @@ def test_doctor_reports_an_invalid_policy(tmp_path, capsys):
     assert "did you mean 'stderr'?" in out and "\nlog           stderr\n" in out
 
 
+def test_doctor_says_where_strict_stops_a_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AUTOGRAD_GUARD", "strict")
+    (tmp_path / "autograd_guard.toml").write_text("x = [\n")
+    assert cli.main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "policy        preset default\n" in out and "autograd_guard.toml cannot be used" in out
+    assert "  1 problem (strict: a run stops at its import of torch; see " in out
+
+
 def test_doctor_names_the_policy_beside_a_program_and_why(tmp_path, capsys):
     app = tmp_path / "app"
     app.mkdir()
