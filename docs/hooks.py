@@ -6,11 +6,15 @@
   gets its page, and a guard that fails to import fails the build.
 - ``guards/index.md``: the table of every guard.
 - ``changelog.md``: ``CHANGELOG.md`` itself.
-- ``<!-- generated: NAME -->`` markers in hand-written pages: the policy keys (from
-  ``autograd_guard._policy.schema``), the shipped presets (``policies/*.toml``, each
-  one's first line), the environment variables
-  (``autograd_guard._common.environment.VARIABLES`` and their docstrings) and the version-matrix
-  table (the one ``nox -s table`` writes into the README).
+- ``<!-- generated: NAME -->`` ... ``<!-- end of generated: NAME -->`` sections of
+  hand-written pages: the policy keys (from ``autograd_guard._policy.schema``), the shipped
+  presets (``policies/*.toml``, each one's first line), the environment variables
+  (``autograd_guard._common.environment.VARIABLES`` and their docstrings), a guard's options
+  and the version-matrix table (the one ``nox -s table`` writes into the README). The
+  site fills them afresh; ``python docs/hooks.py`` writes them into the files, so that the
+  pages read whole on GitHub too (tests/test_docs.py fails where a file's copy is stale).
+- Links that work in the files (``../autograd_guard/guards/``, a guard's module,
+  ``../CHANGELOG.md``) lead to the generated pages on the site.
 """
 
 from __future__ import annotations
@@ -22,7 +26,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-MARKER = re.compile(r"<!-- generated: ([\w:-]+) -->")
+MARKER = re.compile(
+    r"<!-- generated: ([\w:-]+) -->\n.*?<!-- end of generated: \1 -->", flags=re.DOTALL
+)
+# A link to the guards' folder or a guard's module, and to the changelog, as the files have it.
+FILE_LINK = re.compile(
+    r"\]\(\.\./(autograd_guard/guards/(?:(\w+)(?:\.py|/[\w./]*)?)?|CHANGELOG\.md)\)"
+)
 LABEL = re.compile(r"^([A-Z][a-z]+(?: [a-z]+)?): (.*)$")
 
 # The top-level policy keys and a guard table's own keys, described once here; the build
@@ -259,8 +269,11 @@ GENERATED = {
 
 
 def on_config(config: Any) -> Any:
-    """Lists every guard page under the nav's "Guards" section."""
-    names = [guard.name for guard in _guards()]
+    """Lists every guard page under the nav's "Guards" section, but for a guard that has
+    a guide of its own in the nav (grad_health): listed once, there, its generated page
+    linked from the guide and the guards' table (mkdocs.yml's not_in_nav)."""
+    titles = {title for entry in config["nav"] or [] if isinstance(entry, dict) for title in entry}
+    names = [guard.name for guard in _guards() if guard.name not in titles]
     for entry in config["nav"] or []:
         if isinstance(entry, dict) and "Guards" in entry:
             pages = [{name: f"guards/{name}.md"} for name in names]
@@ -280,13 +293,57 @@ def on_files(files: Any, config: Any) -> Any:
     return files
 
 
-def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    def fill(found: re.Match[str]) -> str:
+def fill(markdown: str, where: str, markers: bool = True) -> str:
+    """``markdown`` with every generated section filled afresh; ``markers``: kept (the
+    files), or left out (the site)."""
+
+    def section(found: re.Match[str]) -> str:
         name = found.group(1)
         if name.startswith("options:"):
-            return guard_options(name.removeprefix("options:"), page.file.src_uri)
-        if name not in GENERATED:
-            raise ValueError(f"{page.file.src_uri}: unknown generated section {name!r}")
-        return GENERATED[name](_guards())
+            text = guard_options(name.removeprefix("options:"), where)
+        elif name in GENERATED:
+            text = GENERATED[name](_guards())
+        else:
+            raise ValueError(f"{where}: unknown generated section {name!r}")
+        if not markers:
+            return text
+        return f"<!-- generated: {name} -->\n{text}\n<!-- end of generated: {name} -->"
 
-    return MARKER.sub(fill, markdown)
+    return MARKER.sub(section, markdown)
+
+
+def site_links(markdown: str, where: str) -> str:
+    """The files' links to the guards' modules and the changelog, as links to the site's
+    generated pages."""
+    names = {guard.name for guard in _guards()}
+
+    def page(found: re.Match[str]) -> str:
+        target, guard = found.group(1), found.group(2)
+        if target == "CHANGELOG.md":
+            return "](changelog.md)"
+        if guard is None:
+            return "](guards/index.md)"
+        if guard not in names:
+            raise ValueError(f"{where}: {target} is no guard's module (guards: {sorted(names)})")
+        return f"](guards/{guard}.md)"
+
+    return FILE_LINK.sub(page, markdown)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    where = page.file.src_uri
+    return site_links(fill(markdown, where, markers=False), where)
+
+
+if __name__ == "__main__":
+    # Writes the generated sections into docs/*.md; --check: only says which are stale.
+    stale = []
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        fresh = fill(text, path.name)
+        if fresh != text:
+            stale.append(path.name)
+            if "--check" not in sys.argv:
+                path.write_text(fresh, encoding="utf-8")
+    print("stale:" if "--check" in sys.argv else "written:", " ".join(stale) or "none")
+    sys.exit(1 if stale and "--check" in sys.argv else 0)
