@@ -40,7 +40,7 @@ def doc(name: str) -> str:
 
 
 def test_the_readme_is_short_and_installs_from_the_checkout():
-    assert len(README.splitlines()) <= 150
+    assert len(README.splitlines()) <= 160
     first = blocks(README)[0][1]
     assert "pip install autograd-guard" not in README  # not on PyPI
     assert first.startswith("python -m pip install .  ")

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import DEFAULT_SELECTION, MARKED
 from helpers import ROOT
 
@@ -76,3 +77,10 @@ def test_the_lowest_cell_pins_the_lower_bounds_pyproject_declares():
     assert set(lowest) == set(bounds) == {"wrapt", "structlog", "packaging"}
     for name, version in lowest.items():
         assert version.startswith(bounds[name]), (name, version, bounds[name])
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/contributing.md"])
+def test_the_docs_say_what_the_test_command_costs_and_how_to_run_the_rest(page):
+    text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+    assert 'python -m pytest -m "slow or download"' in text
+    assert "621 MB" in text and re.search(r"about \d+ minutes", text)
