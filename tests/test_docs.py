@@ -307,3 +307,13 @@ def test_the_files_read_whole_as_they_are_on_github():
 
 def doc_text(name: str) -> str:
     return (ROOT / "docs" / name).read_text(encoding="utf-8")
+
+
+def test_performance_gives_grad_health_s_step_cost_once():
+    """The table's step row is the quiet run the text describes, not a loaded one."""
+    text = doc_text("performance.md")
+    [row] = [line for line in text.splitlines() if "CPU: step guarded vs bare" in line]
+    ratio = float(re.search(r"([\d.]+)x\s+<=", row).group(1))
+    quiet = re.search(r"A quiet run \(.*?\): .*?(\d\.\d+)-(\d\.\d+)x", " ".join(text.split()))
+    assert quiet is not None
+    assert float(quiet.group(1)) <= ratio <= float(quiet.group(2))
