@@ -187,6 +187,18 @@ def _versions() -> str:
 nox.options.sessions.append("py3.11-torch2.13.0-lowest")
 
 
+@nox.session(name="typing", python=interpreter("3.11"))
+def typing_session(session: nox.Session) -> None:
+    """mypy with the pinned wrapt, then with the newest one the index serves: wrapt ships its
+    own types since 2.0, and they change with it."""
+    env = {"PIP_CONSTRAINT": str(cell_constraints(session, "2.13.0", {}))}
+    session.install("-e", ".[dev]", "torch", "pytest", env=env)  # the pytest plugin
+    session.run("mypy", "autograd_guard")
+    session.install("--upgrade", "wrapt", env={"PIP_CONSTRAINT": ""})
+    session.run("python", "-c", "import wrapt; print('newest wrapt:', wrapt.__version__)")
+    session.run("mypy", "autograd_guard")
+
+
 @nox.session(python=False)
 def table(session: nox.Session) -> None:
     """The matrix table from the cells' last results, printed and put in the README."""

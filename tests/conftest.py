@@ -28,6 +28,7 @@ MARKED: dict[str, str] = {
     "tests/test_grad_health_frameworks.py": "download",  # accelerate, Lightning, ...: 34 MB
     "tests/test_grad_health_distributed.py": "slow",  # 28 two-rank torchrun jobs
     "tests/twins/test_twins.py": "slow",  # every case twice or more in a fresh venv; Warp
+    "tests/test_compile_autoload.py": "slow",  # inductor compiles C++ in child interpreters
 }
 
 

@@ -60,6 +60,7 @@ def test_ci_runs_the_marked_tests_the_docs_and_the_lowest_dependencies():
     assert "NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --site-dir site" in lines
     assert "python scripts/check_site_links.py site" in lines
     assert "cell py3.11-torch2.13.0-lowest" in lines
+    assert "cell typing" in lines  # mypy with the pinned and the newest wrapt
 
 
 def test_the_lowest_cell_pins_the_lower_bounds_pyproject_declares():
