@@ -101,6 +101,13 @@ def run_cell(
     constraints = cell_constraints(session, torch, pins)
     # Replaces any machine-wide pip constraint (a cap below the cell's torch) with the cell's.
     env = {"PIP_CONSTRAINT": str(constraints)}
+    wheel = build_wheel(session, env)
+    session.install(f"{wheel}[test]", *libraries, env=env)
+    run_tests(session, name, tests, test_env)
+
+
+def build_wheel(session: nox.Session, env: dict[str, str]) -> Path:
+    """The project's wheel, built in the session's venv and installed (no dependencies)."""
     session.install("hatchling", "pip", env=env)
     dist = Path(session.create_tmp()) / "dist"
     shutil.rmtree(dist, ignore_errors=True)
@@ -110,15 +117,22 @@ def run_cell(
     )  # fmt: skip
     wheel = next(dist.glob("autograd_guard-*.whl"))
     session.install("--force-reinstall", "--no-deps", str(wheel), env=env)
-    session.install(f"{wheel}[test]", *libraries, env=env)
-    # Only a run of the cell's whole selection goes into the matrix table; one narrowed by
-    # arguments (`nox -s CELL -- tests/x.py`) is kept apart.
+    return wheel
+
+
+def run_tests(
+    session: nox.Session, name: str, tests: Sequence[str], test_env: Mapping[str, str] | None
+) -> None:
+    """pytest on the installed wheel; a cell's whole selection, the slow and downloading
+    tests included (-m ""), goes into the matrix table, and one narrowed by arguments
+    (`nox -s CELL -- tests/x.py`) is kept apart."""
     results = RESULTS / "partial" if session.posargs else RESULTS
     results.mkdir(parents=True, exist_ok=True)
     session.run(
         "pytest",
         f"--junitxml={results / name}.xml",
         "-o", f"junit_suite_name={name}",
+        "-m", "",
         *(session.posargs or tests),
         env={"AUTOGRAD_GUARD_TEST_INSTALLED": "1", **(test_env or {})},
     )  # fmt: skip
@@ -136,6 +150,53 @@ for _name, (_python, *_cell) in CELLS.items():
     _define(_name, _python, *_cell)
 for _name, (_python, *_cell) in LIBRARY_CELLS.items():
     _define(_name, _python, *_cell)
+
+
+# The lowest versions of its own dependencies that pyproject.toml allows, with the pinned
+# torch, on the tests of the code that uses them: the events (structlog), the proxies and
+# the patching (wrapt), the version ranges (packaging). pytest 9 needs packaging >= 22,
+# hatchling (which builds the wheel) and wheel (which builds PyTorch3D's Python code) >= 24:
+# the cell installs the test extra as pinned, fills the library cache, then installs the
+# lower bounds over the newer versions, with pytest 8. Its tests build no wheel of their own.
+LOWEST = {"wrapt": "1.14.0", "structlog": "22.1.0", "packaging": "21.0"}
+LOWEST_TESTS = [
+    f"tests/test_{name}.py"
+    for name in (
+        "events", "event_output", "engine", "guard_contract", "invisible", "fault_injection",
+        "report", "silence", "grad_mode", "snapshot_inputs", "policy", "cli",
+    )
+]  # fmt: skip
+
+
+@nox.session(name="py3.11-torch2.13.0-lowest", python=interpreter("3.11"))
+def lowest(session: nox.Session) -> None:
+    env = {"PIP_CONSTRAINT": str(cell_constraints(session, "2.13.0", {}))}
+    wheel = build_wheel(session, env)
+    session.install(f"{wheel}[test]", env=env)
+    session.run("python", "scripts/thirdparty.py", "pytorch3d", "gsplat")  # the cache, as pinned
+    lowered = cell_constraints(session, "2.13.0", {**LOWEST, "pytest": "8.4.2"})
+    session.install(*LOWEST, "pytest", "pyparsing", env={"PIP_CONSTRAINT": str(lowered)})
+    session.run("python", "-c", f"import importlib.metadata as m; print({_versions()})")
+    run_tests(session, "py3.11-torch2.13.0-lowest", LOWEST_TESTS, None)
+
+
+def _versions() -> str:
+    return "{" + ", ".join(f"{name!r}: m.version({name!r})" for name in LOWEST) + "}"
+
+
+nox.options.sessions.append("py3.11-torch2.13.0-lowest")
+
+
+@nox.session(name="typing", python=interpreter("3.11"))
+def typing_session(session: nox.Session) -> None:
+    """mypy with the pinned wrapt, then with the newest one the index serves: wrapt ships its
+    own types since 2.0, and they change with it."""
+    env = {"PIP_CONSTRAINT": str(cell_constraints(session, "2.13.0", {}))}
+    session.install("-e", ".[dev]", "torch", "pytest", env=env)  # the pytest plugin
+    session.run("mypy", "autograd_guard")
+    session.install("--upgrade", "wrapt", env={"PIP_CONSTRAINT": ""})
+    session.run("python", "-c", "import wrapt; print('newest wrapt:', wrapt.__version__)")
+    session.run("mypy", "autograd_guard")
 
 
 @nox.session(python=False)
@@ -160,6 +221,8 @@ def matrix_table() -> str:
         (name, f"{python} + {torch} + {' '.join(f'{k} {v}' for k, v in pins.items())} (its tests)")
         for name, (python, torch, pins, *_) in LIBRARY_CELLS.items()
     ]
+    lowered = ", ".join(f"{name} {version}" for name, version in LOWEST.items())
+    cells.append(("py3.11-torch2.13.0-lowest", f"3.11 + 2.13.0 + {lowered} (their tests)"))
     for name, label in cells:
         path = RESULTS / f"{name}.xml"
         if not path.exists():

@@ -1,4 +1,4 @@
-"""autograd-guard: a run-time safety net for gradients in differentiable 3D pipelines.
+"""autograd-guard: a run-time guard that keeps gradients correct in PyTorch programs.
 
 The ``autograd_guard.pth`` file imports this package at interpreter start when
 ``AUTOGRAD_GUARD`` is set, so it has no module-level imports: everything is loaded

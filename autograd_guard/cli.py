@@ -48,7 +48,7 @@ mode = "fix"
 """
 
 
-DESCRIPTION = "autograd-guard: keeps gradients correct in differentiable 3D pipelines."
+DESCRIPTION = "autograd-guard: a run-time guard that keeps gradients correct in PyTorch programs."
 
 # Each command: its one-line summary (the top-level --help) and its description.
 COMMANDS = {

@@ -6,48 +6,30 @@
   gets its page, and a guard that fails to import fails the build.
 - ``guards/index.md``: the table of every guard.
 - ``changelog.md``: ``CHANGELOG.md`` itself.
-- ``<!-- generated: NAME -->`` markers in hand-written pages: the policy keys (from
-  ``autograd_guard._policy.schema``), the shipped presets (``policies/*.toml``, each
-  one's first line), the environment variables
-  (``autograd_guard._common.environment.VARIABLES`` and their docstrings) and the version-matrix
-  table (the one ``nox -s table`` writes into the README).
+- The generated sections of hand-written pages (``docs/generated_sections.py``). The
+  site fills them afresh; ``python docs/hooks.py`` writes them into the files, so that the
+  pages read whole on GitHub too (tests/test_docs.py fails where a file's copy is stale).
+- Links that work in the files (``../autograd_guard/guards/``, a guard's module,
+  ``../CHANGELOG.md``) lead to the generated pages on the site.
 """
 
 from __future__ import annotations
 
-import ast
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # generated_sections.py, beside
+import generated_sections
+from generated_sections import code, options_table
+
 ROOT = Path(__file__).resolve().parent.parent
-MARKER = re.compile(r"<!-- generated: ([\w:-]+) -->")
+# A link to the guards' folder or a guard's module, and to the changelog, as the files have it.
+FILE_LINK = re.compile(
+    r"\]\(\.\./(autograd_guard/guards/(?:(\w+)(?:\.py|/[\w./]*)?)?|CHANGELOG\.md)\)"
+)
 LABEL = re.compile(r"^([A-Z][a-z]+(?: [a-z]+)?): (.*)$")
-
-# The top-level policy keys and a guard table's own keys, described once here; the build
-# fails where the schema gains or loses a key that this list does not.
-TOP_LEVEL = {
-    "extends": "a preset name ({presets}) or a policy file path, relative to this file; "
-    "its settings come first and this file's are merged over them",
-    "mode": "`off`, `observe` (log only), `fix` (remedy and log) or `strict` (raise)",
-    "log": "`stderr` (one readable line per event), `logging` (the `autograd_guard` "
-    "logger) or a file path (JSON lines)",
-    "disable": 'a list of guard names to switch off, or `["*"]`',
-    "guards": "one table per guard, `[guards.NAME]`: the keys below and the guard's options",
-    "rules": "an array of tables, `[[rules]]`, each naming a `target` "
-    "(`package.module:qualname`) and an `action`",
-}
-GUARD_TABLE = {
-    "enabled": "`false` switches the guard off",
-    "mode": "the guard's own mode",
-    "force": "`true`: patch whatever version is installed",
-}
-
-
-def _code(text: str) -> str:
-    """reStructuredText literals (````x````) as Markdown ones."""
-    return text.replace("``", "`")
 
 
 def _guards() -> list[Any]:
@@ -60,7 +42,7 @@ def _guards() -> list[Any]:
 
 def _report_sections(guard: Any) -> tuple[str, list[tuple[str, str]]]:
     """The module docstring: its title line, then ``(label, text)`` sections."""
-    doc = _code(sys.modules[guard.__module__].__doc__ or "").strip()
+    doc = code(sys.modules[guard.__module__].__doc__ or "").strip()
     title, _, body = doc.partition("\n")
     sections: list[tuple[str, str]] = []
     for line in body.strip().splitlines():
@@ -76,7 +58,7 @@ def _report_sections(guard: Any) -> tuple[str, list[tuple[str, str]]]:
 
 
 def _link(upstream: str) -> str:
-    return f"<{upstream}>" if upstream.startswith("https://") else _code(upstream)
+    return f"<{upstream}>" if upstream.startswith("https://") else code(upstream)
 
 
 def _facts(guard: Any) -> list[str]:
@@ -102,24 +84,6 @@ def _facts(guard: Any) -> list[str]:
     return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
 
 
-def _options_table(options: dict[str, Any]) -> list[str]:
-    rows = ["| option | default | allowed | meaning |", "|---|---|---|---|"]
-    for name, option in options.items():
-        default = _toml(option.default)
-        rows.append(f"| `{name}` | `{default}` | {option.allowed()} | {option.doc} |")
-    return rows
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return str(value)
-
-
 def guard_page(guard: Any) -> str:
     title, sections = _report_sections(guard)
     lines = [f"# `{guard.name}`: {title}", "", *_facts(guard), ""]
@@ -127,19 +91,12 @@ def guard_page(guard: Any) -> str:
         lines += [f"## {label}" if label else "", "", text, ""]
     if guard.options:
         lines += ["## Options", "", f"In the policy's `[guards.{guard.name}]` table:", ""]
-        lines += [*_options_table(guard.options), ""]
+        lines += [*options_table(guard.options), ""]
     if guard.rule_options:
         lines += [f'## Options of `action = "{guard.rule_action}"` rules', ""]
-        lines += [*_options_table(guard.rule_options), ""]
+        lines += [*options_table(guard.rule_options), ""]
     lines.append(f"*Generated from `{guard.__module__}`.*")
     return "\n".join(lines) + "\n"
-
-
-def guard_options(name: str, where: str) -> str:
-    by_name = {guard.name: guard for guard in _guards()}
-    if name not in by_name:
-        raise ValueError(f"{where}: no guard {name!r} (guards: {', '.join(by_name)})")
-    return "\n".join(_options_table(by_name[name].options))
 
 
 def guards_index(guards: list[Any]) -> str:
@@ -163,104 +120,12 @@ def guards_index(guards: list[Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def policy_keys(guards: list[Any]) -> str:
-    from autograd_guard._policy import schema
-
-    _same_keys("top-level", TOP_LEVEL, schema.TOP_LEVEL_KEYS)
-    _same_keys("guard table", GUARD_TABLE, schema.GUARD_KEYS)
-    lines = ["| key | value |", "|---|---|"]
-    names = ", ".join(f"`{name}`" for name in _policy_files().preset_names())
-    described = {key: text.replace("{presets}", names) for key, text in TOP_LEVEL.items()}
-    lines += [f"| `{key}` | {described[key]} |" for key in schema.TOP_LEVEL_KEYS]
-    lines += ["", "Every `[guards.NAME]` table takes:", "", "| key | value |", "|---|---|"]
-    lines += [f"| `{key}` | {GUARD_TABLE[key]} |" for key in schema.GUARD_KEYS]
-    lines += ["", "and the guard's own options:", ""]
-    for guard in guards:
-        if guard.options:
-            lines += [f"`[guards.{guard.name}]`", "", *_options_table(guard.options), ""]
-    for guard in guards:
-        if guard.rule_action:
-            lines.append(f'`[[rules]]` with `action = "{guard.rule_action}"` ({guard.name}):')
-            lines.append("")
-            options = guard.rule_options
-            keys = [*schema.RULE_KEYS, *options]
-            lines += [", ".join(f"`{k}`" for k in keys) + ".", ""]
-            if options:
-                lines += [*_options_table(options), ""]
-    return "\n".join(lines)
-
-
-def _policy_files() -> Any:
-    from autograd_guard._policy import files as _policy_files
-
-    return _policy_files
-
-
-def presets(guards: list[Any]) -> str:
-    """The shipped presets, from ``policies/*.toml``: each one's name and first line."""
-    files = _policy_files()
-    lines = ["| preset | what it is |", "|---|---|"]
-    for name in files.preset_names():
-        lines.append(f"| `{name}` | {files.preset_summary(name)} |")
-    return "\n".join(lines)
-
-
-def _same_keys(what: str, described: dict[str, str], keys: tuple[str, ...]) -> None:
-    if set(described) != set(keys):
-        raise ValueError(
-            f"docs/hooks.py: the {what} policy keys are {sorted(keys)}; "
-            f"described are {sorted(described)}: describe each key there"
-        )
-
-
-def variables(guards: list[Any]) -> str:
-    from autograd_guard._common import environment as _environment
-
-    source = Path(_environment.__file__).read_text(encoding="utf-8")
-    docs = _attribute_docstrings(ast.parse(source))
-    lines = ["| variable | meaning |", "|---|---|"]
-    for name in _environment.VARIABLES:
-        if name not in docs:
-            raise ValueError(f"autograd_guard/_common/environment.py: {name} has no docstring")
-        text = " ".join(_code(docs[name]).split())
-        lines.append(f"| `{name}` | {text} |")
-    return "\n".join(lines)
-
-
-def _attribute_docstrings(tree: ast.Module) -> dict[str, str]:
-    """``NAME = "..."`` followed by a string: the string, by the value assigned."""
-    found = {}
-    for node, after in zip(tree.body, tree.body[1:], strict=False):
-        if (
-            isinstance(node, ast.Assign)
-            and isinstance(node.value, ast.Constant)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
-            found[str(node.value.value)] = after.value.value
-    return found
-
-
-def matrix(guards: list[Any]) -> str:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    start, end = "<!-- matrix table: nox -s table -->", "<!-- end of matrix table -->"
-    if start not in readme or end not in readme:
-        raise ValueError("README.md: the matrix table markers are missing")
-    return readme.split(start, 1)[1].split(end, 1)[0].strip()
-
-
-GENERATED = {
-    "policy-keys": policy_keys,
-    "presets": presets,
-    "variables": variables,
-    "matrix": matrix,
-}
-
-
 def on_config(config: Any) -> Any:
-    """Lists every guard page under the nav's "Guards" section."""
-    names = [guard.name for guard in _guards()]
+    """Lists every guard page under the nav's "Guards" section, but for a guard that has
+    a guide of its own in the nav (grad_health): listed once, there, its generated page
+    linked from the guide and the guards' table (mkdocs.yml's not_in_nav)."""
+    titles = {title for entry in config["nav"] or [] if isinstance(entry, dict) for title in entry}
+    names = [guard.name for guard in _guards() if guard.name not in titles]
     for entry in config["nav"] or []:
         if isinstance(entry, dict) and "Guards" in entry:
             pages = [{name: f"guards/{name}.md"} for name in names]
@@ -280,13 +145,43 @@ def on_files(files: Any, config: Any) -> Any:
     return files
 
 
-def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    def fill(found: re.Match[str]) -> str:
-        name = found.group(1)
-        if name.startswith("options:"):
-            return guard_options(name.removeprefix("options:"), page.file.src_uri)
-        if name not in GENERATED:
-            raise ValueError(f"{page.file.src_uri}: unknown generated section {name!r}")
-        return GENERATED[name](_guards())
+def site_links(markdown: str, where: str) -> str:
+    """The files' links to the guards' modules and the changelog, as links to the site's
+    generated pages."""
+    names = {guard.name for guard in _guards()}
 
-    return MARKER.sub(fill, markdown)
+    def page(found: re.Match[str]) -> str:
+        target, guard = found.group(1), found.group(2)
+        if target == "CHANGELOG.md":
+            return "](changelog.md)"
+        if guard is None:
+            return "](guards/index.md)"
+        if guard not in names:
+            raise ValueError(f"{where}: {target} is no guard's module (guards: {sorted(names)})")
+        return f"](guards/{guard}.md)"
+
+    return FILE_LINK.sub(page, markdown)
+
+
+def fill(markdown: str, where: str, markers: bool = True) -> str:
+    """``markdown`` with every generated section filled afresh (``generated_sections``)."""
+    return generated_sections.fill(markdown, where, _guards(), markers)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    where = page.file.src_uri
+    return site_links(fill(markdown, where, markers=False), where)
+
+
+if __name__ == "__main__":
+    # Writes the generated sections into docs/*.md; --check: only says which are stale.
+    stale = []
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        fresh = fill(text, path.name)
+        if fresh != text:
+            stale.append(path.name)
+            if "--check" not in sys.argv:
+                path.write_text(fresh, encoding="utf-8")
+    print("stale:" if "--check" in sys.argv else "written:", " ".join(stale) or "none")
+    sys.exit(1 if stale and "--check" in sys.argv else 0)

@@ -17,6 +17,20 @@ from autograd_guard._engine import engine as _engine
 # Tests of PyTorch3D skipped where its compiled extension must run them (see below).
 SKIPPED_PYTORCH3D: list[str] = []
 
+# The default run (`python -m pytest`, pyproject's addopts) leaves out the tests marked here,
+# by file or by ``file::test_function``: `slow` ones take minutes (child interpreters by
+# the hundred, two-rank torchrun jobs) and `download` ones install a library of their own
+# into .cache/thirdparty first. `python -m pytest -m "slow or download"` runs them (CI's
+# second step); a test file named on the command line runs whole.
+DEFAULT_SELECTION = "not slow and not download"
+MARKED: dict[str, str] = {
+    "tests/test_warp.py": "download",  # Warp 1.5.1 and 1.19.0: 621 MB installed
+    "tests/test_grad_health_frameworks.py": "download",  # accelerate, Lightning, ...: 34 MB
+    "tests/test_grad_health_distributed.py": "slow",  # 28 two-rank torchrun jobs
+    "tests/twins/test_twins.py": "slow",  # every case twice or more in a fresh venv; Warp
+    "tests/test_compile_autoload.py": "slow",  # inductor compiles C++ in child interpreters
+}
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """The matrix (noxfile.py) tests the installed wheel, never the checkout's package.
@@ -24,6 +38,8 @@ def pytest_configure(config: pytest.Config) -> None:
     The real libraries the guards protect (PyTorch3D's Python code, gsplat) are installed
     once into .cache/thirdparty, each in a folder of its own, and put on sys.path before
     the test modules that import them are collected."""
+    if config.option.markexpr == DEFAULT_SELECTION and _names_files(config):
+        config.option.markexpr = ""  # a test file named on the command line runs whole
     if os.environ.get("AUTOGRAD_GUARD_TEST_INSTALLED") == "1":
         package = Path(_engine.__file__).resolve().parent.parent
         if package == ROOT / "autograd_guard":
@@ -32,6 +48,22 @@ def pytest_configure(config: pytest.Config) -> None:
     gsplat = str(thirdparty.install("gsplat"))
     if gsplat not in sys.path:
         sys.path.insert(0, gsplat)
+
+
+def _names_files(config: pytest.Config) -> bool:
+    """The command line names test files (or tests in them), not folders or nothing."""
+    here = config.invocation_params.dir
+    return bool(config.args) and all((here / arg.split("::")[0]).is_file() for arg in config.args)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(item.path).resolve().relative_to(ROOT).as_posix()
+        name = getattr(item, "originalname", item.name)
+        marker = MARKED.get(f"{path}::{name}") or MARKED.get(path)
+        if marker is not None:
+            item.add_marker(marker)
 
 
 def _compiled_pytorch3d_session() -> bool:

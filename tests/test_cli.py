@@ -140,7 +140,7 @@ def test_report_tells_apart_processes_that_share_a_pid(tmp_path, capsys):
     log.write_text("\n".join(json.dumps(r) for r in records) + "\n")
     assert cli.main(["report", str(log)]) == 0
     out = capsys.readouterr().out
-    first = "9 interventions at 2 call sites; 2 other events (notes and errors) in 2 processes"
+    first = "9 interventions at 2 call sites; 1 note; 1 guard error in 2 processes"
     assert out.splitlines()[0] == first
     rows = [line.split() for line in out.splitlines()[2:]]
     assert ["grad_mode", "enable_grad", "8", "a.py:1"] in rows
@@ -153,8 +153,12 @@ def test_summary_words(capsys):
     one = [{"guard": "g", "action": "a", "callsite": "c", "count": 1}]
     assert _actions.describe_counts(one) == "1 intervention at 1 call site"
     note = [{"guard": "g", "action": "late_patch", "callsite": "c", "count": 1}]
-    assert _actions.describe_counts(one + note) == (
-        "1 intervention at 1 call site; 1 other event (notes and errors)"
+    assert _actions.describe_counts(one + note) == "1 intervention at 1 call site; 1 note"
+    # a steps_skipped note is no error: the guard's own errors are counted apart
+    skipped = [{"guard": "grad_health", "action": "steps_skipped", "callsite": "c", "count": 2}]
+    errors = [{"guard": "g", "action": "guard_error", "callsite": "check:KeyError", "count": 1}]
+    assert _actions.describe_counts(one + skipped + errors) == (
+        "1 intervention at 1 call site; 2 notes; 1 guard error"
     )
 
 

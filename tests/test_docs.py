@@ -238,3 +238,84 @@ def test_grad_health_page_names_the_finding_correct_training_can_log():
     default = GUARD.options["zero_steps"].default
     assert f"after `zero_steps` ({default}) such steps" in intro and "hinge" in intro
     assert "`zero_steps = 0`" in intro and "Correct training logs nothing, with one" in intro
+
+
+def _hooks():
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import hooks
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    return hooks
+
+
+def test_the_site_publishes_no_bytecode_and_is_ignored_by_git(site):
+    assert not [p for p in site.rglob("*") if "__pycache__" in p.parts or p.suffix == ".pyc"]
+    assert "/site/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_each_page_is_once_in_the_nav(site):
+    """grad_health has its guide in the nav; its generated page is linked, not listed again."""
+    page = (site / "index.html").read_text(encoding="utf-8")
+    nav = page.split('class="md-nav md-nav--primary"', 1)[1].split('class="md-content"', 1)[0]
+    titles = re.findall(r'<span class="md-ellipsis">\s*(.*?)\s*</span>', nav, flags=re.S)
+    pages = [t for t in titles if t != "Guards"]  # the section and its index page
+    assert len(pages) == len(set(pages)) and "grad_health" in pages
+    assert all(guard.name in pages for guard in builtin())
+    assert 'href="../guards/grad_health/"' in (site / "grad-health" / "index.html").read_text()
+
+
+def test_long_lines_wrap_and_identifiers_stay_whole(site):
+    """Event lines (up to ~1,200 characters) wrap inside their code blocks with room for
+    the copy button; table cells break identifiers only at spaces."""
+    css = (site / "stylesheets" / "extra.css").read_text()
+    assert 'href="../stylesheets/extra.css"' in (site / "usage" / "index.html").read_text()
+    code_block = css.split(".md-typeset pre > code {", 1)[1].split("}", 1)[0]
+    assert "white-space: pre-wrap" in code_block and "padding-right" in code_block
+    table_code = css.split(".md-typeset table:not([class]) code {", 1)[1].split("}", 1)[0]
+    assert "word-break: normal" in table_code and "overflow-wrap: normal" in table_code
+
+
+def test_every_link_of_the_site_leads_somewhere(site, tmp_path):
+    import shutil
+
+    from check_site_links import broken_links
+
+    broken, read = broken_links(site)
+    assert broken == [] and read > 500
+    copy = tmp_path / "site"
+    shutil.copytree(site, copy)
+    page = copy / "usage" / "index.html"
+    page.write_text(page.read_text().replace('href="../configuration/', 'href="../no-such/', 1))
+    assert broken_links(copy)[0] == ["usage/index.html: ../no-such/ (no such file)"]
+
+
+def test_the_files_read_whole_as_they_are_on_github():
+    """docs/*.md hold their generated sections (python docs/hooks.py writes them) and link
+    only to files that exist: the site turns the links to modules into its pages."""
+    hooks = _hooks()
+    for path in PAGES:
+        text = path.read_text(encoding="utf-8")
+        assert hooks.fill(text, path.name) == text, f"{path.name}: run python docs/hooks.py"
+        for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if not link.startswith(("http://", "https://")):
+                assert (path.parent / link).exists(), f"{path.name}: {link}"
+    assert "<!-- generated: policy-keys -->\n| key | value |" in doc_text("configuration.md")
+    page = hooks.site_links("[a](../autograd_guard/guards/) [b](../CHANGELOG.md)", "x")
+    assert page == "[a](guards/index.md) [b](changelog.md)"
+    page = hooks.site_links("[c](../autograd_guard/guards/grad_health/)", "x")
+    assert page == "[c](guards/grad_health.md)"
+
+
+def doc_text(name: str) -> str:
+    return (ROOT / "docs" / name).read_text(encoding="utf-8")
+
+
+def test_performance_gives_grad_health_s_step_cost_once():
+    """The table's step row is the quiet run the text describes, not a loaded one."""
+    text = doc_text("performance.md")
+    [row] = [line for line in text.splitlines() if "CPU: step guarded vs bare" in line]
+    ratio = float(re.search(r"([\d.]+)x\s+<=", row).group(1))
+    quiet = re.search(r"A quiet run \(.*?\): .*?(\d\.\d+)-(\d\.\d+)x", " ".join(text.split()))
+    assert quiet is not None
+    assert float(quiet.group(1)) <= ratio <= float(quiet.group(2))

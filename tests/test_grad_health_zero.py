@@ -4,6 +4,8 @@ ones and steps without gradients."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -26,14 +28,25 @@ def loop(steps: int, scale=lambda step: 0.0, optimizer=torch.optim.Adam, mode="f
     return [e for e in events if e["action"] != "summary"]
 
 
-def test_all_zero_gradients_are_said_once_the_streak_is_reached_and_not_before():
+def test_all_zero_gradients_are_said_once_the_streak_is_reached_and_not_before(monkeypatch):
+    monkeypatch.delitem(sys.modules, "pytorch3d.renderer", raising=False)  # a plain program
     assert loop(19) == []
     [event] = loop(20)
     assert event["action"] == "zero_gradient" and event["level"] == "warning"
     assert event["steps"] == 20 and event["optimizer"] == "Adam"
     assert "exactly zero for 20 optimizer steps in a row" in event["event"]
-    assert "detached" in event["remedy"] and "blur_radius" in event["remedy"]
+    assert "detached" in event["remedy"] and "hard threshold" in event["remedy"]
+    # PyTorch3D's silhouettes are no lead in a program that does not render with it
+    assert "PyTorch3D" not in event["remedy"] and "blur_radius" not in event["remedy"]
     assert event["callsite"].startswith(__file__)
+
+
+def test_pytorch3d_s_hard_silhouettes_are_named_where_its_renderer_is_imported(monkeypatch):
+    import types
+
+    monkeypatch.setitem(sys.modules, "pytorch3d.renderer", types.ModuleType("pytorch3d.renderer"))
+    [event] = loop(20)
+    assert "SoftSilhouetteShader with blur_radius=0" in event["remedy"]
 
 
 def test_one_event_per_streak_and_a_new_streak_after_a_gradient():

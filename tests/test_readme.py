@@ -40,7 +40,7 @@ def doc(name: str) -> str:
 
 
 def test_the_readme_is_short_and_installs_from_the_checkout():
-    assert len(README.splitlines()) <= 150
+    assert len(README.splitlines()) <= 160
     first = blocks(README)[0][1]
     assert "pip install autograd-guard" not in README  # not on PyPI
     assert first.startswith("python -m pip install .  ")
@@ -200,3 +200,20 @@ def test_the_documentation_link_says_how_to_build_the_docs():
     linked = re.findall(r"\]\((docs/[\w./-]+?)(?:#[\w-]+)?\)", README)
     assert linked and all((ROOT / path).is_file() for path in linked)
     assert "guards/" not in " ".join(linked)  # generated pages, no files
+
+
+def test_help_package_and_readme_describe_the_project_alike(capsys):
+    """``--help``, the package's metadata and the README's first line say "PyTorch
+    programs" alike; and the README's modes table names strict's exit statuses as usage does."""
+    from autograd_guard import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    description = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"]
+    assert "keeps gradients correct in PyTorch programs" in help_text
+    assert description == "A run-time guard that keeps gradients correct in PyTorch programs."
+    assert README.startswith("# autograd-guard\n\nA run-time guard for PyTorch programs.")
+    statuses = re.findall(r"^\| (\d) \|", doc("usage.md").split("## Exit statuses", 1)[1], re.M)
+    strict = next(line for line in README.splitlines() if line.startswith("| `strict` |"))
+    assert f"(docs/usage.md#exit-statuses): {', '.join(statuses)} |" in strict

@@ -73,3 +73,24 @@ def test_guard_names_are_read_in_any_case(log, capsys):
     assert [(r["guard"], r["action"]) for r in data["rows"]] == [("grad_health", "lost_gradient")]
     assert cli.main(["report", str(log), "--guard", "Grad_Helth"]) == 2
     assert "did you mean 'grad_health'?" in capsys.readouterr().err
+
+
+def test_call_sites_sort_by_line_number_and_kinds_tell_notes_from_errors(tmp_path, capsys):
+    """train.py:2 comes before train.py:10 (not as strings); a note is no error."""
+    path = tmp_path / "events.jsonl"
+    records = [
+        record("grad_mode", "enable_grad", f"train.py:{line}", "2025-01-31T10:00:00Z")
+        for line in (10, 2, 100, 9)
+    ]
+    records.append(record("grad_health", "steps_skipped", "train.py:5", "2025-01-31T10:00:00Z"))
+    records.append(
+        record("gsplat_means2d", "guard_error", "check:KeyError", "2025-01-31T10:00:00Z")
+    )
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    lines = report(capsys, str(path)).splitlines()
+    assert lines[0] == "4 interventions at 4 call sites; 1 note; 1 guard error in 1 process"
+    sites = [line.split()[3] for line in lines[2:] if line.startswith("grad_mode")]
+    assert sites == ["train.py:2", "train.py:9", "train.py:10", "train.py:100"]
+    data = json.loads(report(capsys, str(path), "--json"))
+    kinds = {r["action"]: r["kind"] for r in data["rows"]}
+    assert kinds == {"enable_grad": "intervention", "steps_skipped": "note", "guard_error": "error"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import Counter
 from datetime import datetime, timezone
@@ -50,7 +51,8 @@ def report_log(args: argparse.Namespace) -> int:
     if unknown:
         print(unknown, file=sys.stderr)
         return 2
-    kept = [(k, n) for k, n in sorted(counts.items()) if not wanted or k[0] in wanted]
+    ordered = sorted(counts.items(), key=lambda item: _natural(item[0]))
+    kept = [(k, n) for k, n in ordered if not wanted or k[0] in wanted]
     rows: list[dict[str, Any]] = [
         {"guard": g, "action": a, "callsite": c, "count": n, "event": events.get((g, a, c), "")}
         for (g, a, c), n in kept
@@ -104,10 +106,23 @@ def aligned(table: list[list[str]], right: tuple[int, ...] = (2,)) -> list[str]:
     ]
 
 
+def _natural(key: tuple[str, ...]) -> list[list[tuple[str, int]]]:
+    """A sort key that reads numbers as numbers: ``train.py:2`` before ``train.py:10``."""
+    return [
+        [
+            (part, 0) if i % 2 == 0 else ("", int(part))
+            for i, part in enumerate(re.split(r"(\d+)", text))
+        ]
+        for text in key
+    ]
+
+
 def _kind(action: str) -> str:
     if action in _actions.FINDINGS:
         return "finding"
-    return "other" if action in _actions.NOT_INTERVENTIONS else "intervention"
+    if action in _actions.ERRORS:
+        return "error"
+    return "note" if action in _actions.NOT_INTERVENTIONS else "intervention"
 
 
 def _timestamp(text: str) -> datetime:

@@ -27,6 +27,10 @@ NOT_INTERVENTIONS = frozenset(
     }
 )
 
+# The guard's own errors (a guard that failed at a call, one that did not load): counted
+# apart from the notes, the other events that report no intervention.
+ERRORS = frozenset({"guard_error", "load_error"})
+
 # Events that report a finding: a diagnosis of the user's code; nothing was changed.
 FINDINGS = frozenset(
     {"lost_gradient", "nonfinite_origin", "training_stalled", "unattached_rules", "zero_gradient"}
@@ -34,17 +38,19 @@ FINDINGS = frozenset(
 
 
 def describe_counts(rows: list[dict[str, Any]]) -> str:
-    """ "3 interventions at 2 call sites; 1 finding; 1 other event" (findings, errors and
-    notes apart)."""
+    """ "3 interventions at 2 call sites; 1 finding; 1 note; 1 guard error" (findings,
+    notes and the guard's own errors apart)."""
     done = [r for r in rows if r["action"] not in NOT_INTERVENTIONS | FINDINGS]
     found = sum(r["count"] for r in rows if r["action"] in FINDINGS)
-    other = sum(r["count"] for r in rows if r["action"] in NOT_INTERVENTIONS)
+    notes = sum(r["count"] for r in rows if r["action"] in NOT_INTERVENTIONS - ERRORS)
+    errors = sum(r["count"] for r in rows if r["action"] in ERRORS)
     text = (
         f"{plural(sum(r['count'] for r in done), 'intervention')} at "
         f"{plural(len({(r['guard'], r['callsite']) for r in done}), 'call site')}"
     )
     text += f"; {plural(found, 'finding')}" if found else ""
-    return text + (f"; {plural(other, 'other event')} (notes and errors)" if other else "")
+    text += f"; {plural(notes, 'note')}" if notes else ""
+    return text + (f"; {plural(errors, 'guard error')}" if errors else "")
 
 
 def plural(count: int, noun: str) -> str:

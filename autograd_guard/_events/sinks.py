@@ -27,15 +27,17 @@ def make_logger(log: str, source: str) -> Any:
 
     import structlog
 
+    sink = _Sink(log, source)
     renderer: Any
     if log == STDERR:
         renderer = _render_line
     elif log == LOGGING:  # the host's logging shows the level itself
         renderer = _render_message
     else:
-        renderer = structlog.processors.JSONRenderer(sort_keys=False)
+        sink.json = structlog.processors.JSONRenderer(sort_keys=False)
+        renderer = sink.render
     return structlog.wrap_logger(
-        _Sink(log, source),
+        sink,
         processors=[
             _describe_arrays,
             structlog.processors.add_log_level,
@@ -138,6 +140,16 @@ class _Sink:
         self.source = source
         self.fd: int | None = None
         self.fallback = False
+        self.json: Any = None  # the file's renderer
+
+    def render(self, logger: Any, name: str, event_dict: MutableMapping[str, Any]) -> str:
+        """A JSON line for the log file; once the file cannot be used, the readable line
+        that stderr gets, as if ``log = "stderr"`` had been set."""
+        if self.fd is None and not self.fallback:
+            self._open()
+        if self.fallback:
+            return _render_line(logger, name, event_dict)
+        return str(self.json(logger, name, event_dict))
 
     def msg(self, line: str) -> None:
         line = line.replace("\n", " ")

@@ -55,6 +55,29 @@ class _CopiedAsItself:
 
 @skipped_methods  # run eagerly in compiled regions, never compiled
 class GuardedBoundFunction(_CopiedAsItself, wrapt.BoundFunctionWrapper):  # type: ignore[misc, type-arg]
+    """What a guarded function binds to, made by wrapt's (C) ``__get__`` through the class
+    attribute wrapt provides for it (``FunctionWrapper.__bound_function_wrapper__``)."""
+
+    @skipped  # a static method: skipped_methods sees no code of its own
+    def __new__(
+        cls,
+        descriptor: Any,
+        instance: Any,
+        wrapper: Any,
+        enabled: Any,
+        binding: str,
+        parent: Any,
+        owner: Any = None,  # not passed for ``Class.method.__get__(obj)``
+    ) -> Any:
+        """``parent`` bound as its original binds: a function to a real bound method (the
+        class's attribute, unbound), anything else to this wrapt bound wrapper."""
+        if type(parent.__wrapped__) is not FunctionType:
+            return super().__new__(cls)  # then wrapt's __init__, with these arguments
+        if DYNAMO.set_eval_frame is not None and isinstance(parent, GuardedMethod):
+            # see GuardedMethod.__getattribute__ (reached through the class: no instance)
+            _LAST_BOUND.ref = None if instance is None else _weak(instance)
+        return parent if instance is None else MethodType(parent, instance)
+
     def __deepcopy__(self, memo: Any) -> Any:
         # As a bound method: the copy is bound to a copy of the instance (a model's own
         # hook, deep-copied with the model, must act on the copy).
@@ -93,35 +116,15 @@ class GuardedBoundFunction(_CopiedAsItself, wrapt.BoundFunctionWrapper):  # type
         return self.__wrapped__.__reduce_ex__(protocol)
 
 
-@skipped  # run eagerly in compiled regions, never compiled
-def _bind(
-    descriptor: Any,
-    instance: Any,
-    wrapper: Any,
-    enabled: Any,
-    binding: str,
-    parent: Any,
-    owner: Any = None,  # not passed for ``Class.method.__get__(obj)``
-) -> Any:
-    """``parent`` bound as its original binds: a function to a real bound method (the
-    class's attribute, unbound), anything else as wrapt binds it."""
-    if type(parent.__wrapped__) is not FunctionType:
-        bound: Any = GuardedBoundFunction  # wrapt's constructor, untyped
-        return bound(descriptor, instance, wrapper, enabled, binding, parent, owner)
-    if DYNAMO.set_eval_frame is not None and isinstance(parent, GuardedMethod):
-        # see GuardedMethod.__getattribute__ (reached through the class: no instance)
-        _LAST_BOUND.ref = None if instance is None else _weak(instance)
-    return parent if instance is None else MethodType(parent, instance)
-
-
 @skipped_methods  # run eagerly in compiled regions, never compiled
 class GuardedFunction(_CopiedAsItself, wrapt.FunctionWrapper):  # type: ignore[misc, type-arg]
     """Made by ``guarded_function``: each guarded target gets a subclass of its own, whose
     ``_torchdynamo_inline`` class attribute is what torch.compile traces in its place."""
 
-    # What wrapt's own (C) __get__ calls to bind: a real bound method (see the module's
-    # docstring). The descriptor stays wrapt's: torch.compile does not trace it.
-    __bound_function_wrapper__ = staticmethod(_bind)
+    # What wrapt's own (C) __get__ makes to bind: a real bound method (see the module's
+    # docstring and GuardedBoundFunction.__new__). The descriptor stays wrapt's:
+    # torch.compile does not trace it.
+    __bound_function_wrapper__ = GuardedBoundFunction
 
     def __getattribute__(self, name: str) -> Any:
         if name == "_torchdynamo_inline":

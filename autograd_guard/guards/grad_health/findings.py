@@ -17,8 +17,8 @@ import threading
 from autograd_guard.guards.grad_health.advice import advice
 from autograd_guard.guards.grad_health.check import parameter_names
 from autograd_guard.guards.grad_health.probe import BackwardProbe
-from autograd_guard.guards.grad_health.zero import ZERO_REMEDY
 from autograd_guard.guards.grad_health.zero import event as zero_event
+from autograd_guard.guards.grad_health.zero import zero_remedy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ class Findings:
             zero_event(type(optimizer).__name__, steps, ranks),
             action="zero_gradient",
             callsite=self._sites.site(optimizer),
-            remedy=ZERO_REMEDY,
+            remedy=zero_remedy(),
             steps=steps,
             ranks=ranks,
             optimizer=type(optimizer).__name__,

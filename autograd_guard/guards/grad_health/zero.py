@@ -39,18 +39,28 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.dist import Sharing
     from autograd_guard.guards.grad_health.record import Record
 
-ZERO_REMEDY = (
-    "unless the loss is at an exact optimum, check that it reaches the parameters through "
-    "ops with a gradient: a term computed on detached values (.detach(), .item(), .data, "
-    "NumPy) plus a zero-weighted one; an op whose gradient is zero almost everywhere "
-    "(round, argmax, a hard threshold, a hard silhouette: PyTorch3D's "
-    "SoftSilhouetteShader with blur_radius=0 and sigma near 0, where blur_radius around "
-    "log(1/1e-4 - 1) * sigma and sigma around 1e-4 give gradients); a loss mask or weight "
-    "that is all zero; a ReLU network whose units are all dead (a lower learning rate, "
-    "another initialisation, LeakyReLU). A loss at an exact stationary point is zero by "
-    "design: a fit that converged exactly (LBFGS on a quadratic), a margin or hinge loss "
-    "that every sample already satisfies (zero_steps = 0 turns this off)"
+# Named only where PyTorch3D's renderer is imported: elsewhere it is no lead.
+_HARD_SILHOUETTE = (
+    ": PyTorch3D's SoftSilhouetteShader with blur_radius=0 and sigma near 0, where "
+    "blur_radius around log(1/1e-4 - 1) * sigma and sigma around 1e-4 give gradients"
 )
+
+
+def zero_remedy() -> str:
+    """What to check after a zero-gradient streak; PyTorch3D's hard silhouettes only in a
+    program that renders with PyTorch3D."""
+    silhouette = _HARD_SILHOUETTE if "pytorch3d.renderer" in sys.modules else ""
+    return (
+        "unless the loss is at an exact optimum, check that it reaches the parameters "
+        "through ops with a gradient: a term computed on detached values (.detach(), "
+        ".item(), .data, NumPy) plus a zero-weighted one; an op whose gradient is zero "
+        f"almost everywhere (round, argmax, a hard threshold, a hard silhouette{silhouette}); "
+        "a loss mask or weight that is all zero; a ReLU network whose units are all dead (a "
+        "lower learning rate, another initialisation, LeakyReLU). A loss at an exact "
+        "stationary point is zero by design: a fit that converged exactly (LBFGS on a "
+        "quadratic), a margin or hinge loss that every sample already satisfies "
+        "(zero_steps = 0 turns this off)"
+    )
 
 
 def probe(record: Record, grads: list[Any]) -> Probe | None:
