@@ -24,12 +24,20 @@ NOT_INTERVENTIONS = frozenset(
         "not_converted",
         "steps_skipped",
         "summary",
+        "unused_parameter",
     }
 )
 
 # Events that report a finding: a diagnosis of the user's code; nothing was changed.
 FINDINGS = frozenset(
-    {"lost_gradient", "nonfinite_origin", "training_stalled", "unattached_rules", "zero_gradient"}
+    {
+        "lost_gradient",
+        "no_gradient",
+        "nonfinite_origin",
+        "training_stalled",
+        "unattached_rules",
+        "zero_gradient",
+    }
 )
 
 
