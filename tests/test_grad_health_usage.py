@@ -315,3 +315,32 @@ def test_pytorch_optimizer_swats_with_gradients_by_hand_passes_under_strict(monk
     bare, guarded, events = twin(program, {"mode": "strict"})
     assert_same(guarded, bare)
     assert events == []
+
+
+def test_lightning_eval_mode_warning_with_a_layer_never_called_passes_under_strict(
+    monkeypatch, tmp_path
+):
+    # Lightning 2.6.5's test_eval_mode_warning: a layer attached to BoringModel and never
+    # called, 64 steps of one epoch; its run ended with a lost_gradient, status 3 in strict.
+    monkeypatch.syspath_prepend(str(thirdparty.install("lightning")))
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    def program() -> dict[str, object]:
+        model = BoringModel()
+        model.some_eval_module = torch.nn.Linear(32, 16)
+        model.some_eval_module.eval()
+        trainer = Trainer(
+            default_root_dir=tmp_path, max_epochs=1, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(model)
+        return outcome(model.parameters())
+
+    bare, guarded, events = twin(
+        program, {"mode": "strict", "guards": {"grad_health": {"lost_steps": 50}}}
+    )
+    assert_same(guarded, bare)
+    [note] = events
+    assert note["action"] == "unused_parameter"
+    assert note["parameters"] == ["some_eval_module.weight", "some_eval_module.bias"]
