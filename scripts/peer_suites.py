@@ -30,18 +30,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import thirdparty
 
-# suite -> (the thirdparty.py entry, the package to download, the tests' folder in it,
-# pytest arguments of its own: its pyproject's addopts need plugins not installed here)
+# suite -> (the thirdparty.py entry, the tests' folder in its source, pytest arguments of
+# its own (its pyproject's addopts need plugins not installed here), the folder its tests
+# import their helpers from)
 SUITES = {
-    "pytorch_optimizer": ("pytorch_optimizer", "tests", ["-o", "addopts="]),
-    "accelerate": ("accelerate", "tests", ["-o", "addopts="]),
-    "lightning": ("lightning", "tests/tests_pytorch", ["-o", "addopts="]),
+    "pytorch_optimizer": ("pytorch_optimizer", "tests", ["-o", "addopts="], "."),
+    "accelerate": ("accelerate", "tests", ["-o", "addopts="], "."),
+    "lightning": ("lightning", "tests/tests_pytorch", ["-o", "addopts="], "tests"),
 }
 
 
 def version(library: str) -> str:
-    [requirement] = [r for r in thirdparty.PACKAGES[library][0] if r.startswith(library)]
-    return requirement.split("==")[1]
+    [pin] = [
+        r.split("==")[1] for r in thirdparty.PACKAGES[library][0] if r.split("==")[0] == library
+    ]
+    return pin
 
 
 def sdist(library: str, into: Path) -> Path:
@@ -58,9 +61,10 @@ def sdist(library: str, into: Path) -> Path:
     return next(p for p in into.iterdir() if p.is_dir())
 
 
-def run(root: Path, library: str, args: list[str], mode: str | None) -> dict[str, object]:
+def run(root: Path, suite: str, args: list[str], mode: str | None) -> dict[str, object]:
+    library, *_, helpers = SUITES[suite]
     folder = thirdparty.install(library)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(root)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(root / helpers)])}
     env.pop("AUTOGRAD_GUARD", None)
     log = Path(tempfile.mkdtemp()) / "events.jsonl"
     guard = [f"--autograd-guard={mode}"] if mode else []
@@ -81,15 +85,17 @@ def main() -> None:
     parser.add_argument("suite", choices=sorted(SUITES))
     parser.add_argument("--source", type=Path, help="the library's source (else the sdist)")
     parser.add_argument("--only", choices=["both", "bare", "strict"], default="both")
-    parser.add_argument("pytest", nargs="*", help="pytest arguments (default: the whole suite)")
-    options = parser.parse_args()
-    library, tests, own = SUITES[options.suite]
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    options = parser.parse_args(argv[:cut])
+    options.pytest = argv[cut + 1 :]  # pytest arguments (default: the whole suite)
+    library, tests, own, _ = SUITES[options.suite]
     root = options.source or sdist(library, Path(tempfile.mkdtemp()))
     args = [*own, *(options.pytest or [tests])]
     statuses = {}
     for mode in ("bare", "strict"):
         if options.only in ("both", mode):
-            outcome = run(root, library, args, None if mode == "bare" else mode)
+            outcome = run(root, options.suite, args, None if mode == "bare" else mode)
             statuses[mode] = outcome["status"]
             print(f"{options.suite} {version(library)} {mode}: {json.dumps(outcome)}", flush=True)
     if len(statuses) == 2:

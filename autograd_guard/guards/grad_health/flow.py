@@ -218,12 +218,12 @@ class StepFlow(ZeroFlow, UsageFlow, ClosureFlow):
 
     def _lost_check(self, optimizer: Any, record: Record, params: list[Any]) -> None:
         lost_steps = self.config["lost_steps"]
-        new = len(params) != record.known
         if (
             lost_steps
             and record.evaluations <= 1
-            and (record.waiting or new or record.watch is not None)
-        ):
+            and (record.waiting or record.watch is not None or len(params) != record.known)
+        ):  # on a healthy step, once every parameter has had a gradient: nothing to do
+            new = len(params) != record.known
             usage.read(record, params, new)
             lost = record.lost(params, lost_steps) if record.waiting or new else []
             usage.begin(record, self._hooks.eager)

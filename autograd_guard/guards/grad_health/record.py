@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from autograd_guard.guards.grad_health.check import PendingFlag
     from autograd_guard.guards.grad_health.dist import Sharing
-    from autograd_guard.guards.grad_health.usage import ForwardWatch
+    from autograd_guard.guards.grad_health.forward import ForwardWatch
 
 
 class Record:

@@ -20,15 +20,14 @@ outside any module, gradients set by hand with no forward pass (a warning at mos
 Cost: nothing on a healthy step. A forward watch (``torch.nn.Module``'s global forward
 pre-hook, noting each called module's own parameters) is on for one step's forward passes
 only: the step after one where some parameter still waited for its first gradient, or the
-first of a streak without gradients; and at most ``WATCH_CALLS`` module calls.
+first of a streak without gradients; and at most ``forward.WATCH_CALLS`` module calls.
 """
 
 from __future__ import annotations
 
-import sys
-
 from autograd_guard.guards.grad_health.check import parameter_names
 from autograd_guard.guards.grad_health.findings import _strict_finding
+from autograd_guard.guards.grad_health.forward import ForwardWatch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,7 +39,6 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.record import Record
     from autograd_guard.guards.grad_health.words import StepSites
 
-WATCH_CALLS = 100_000  # module calls a watch sees at most (one step's forward passes)
 LOST_REMEDY = (
     "find where the parameter leaves the autograd graph (.detach(), .data, torch.no_grad, "
     "a NumPy round trip), or set requires_grad=False if it is meant to stay frozen"
@@ -58,31 +56,6 @@ NO_GRADIENT_REMEDY = (
 )
 FLOOR = 3  # steps of a run shorter than lost_steps that say anything at exit
 UNKNOWN = "belongs to no module, so whether it was used in the forward pass cannot be known"
-
-
-class ForwardWatch:
-    """The parameters of the modules called while it is on (one step's forward passes)."""
-
-    __slots__ = ("calls", "handle", "seen", "step")
-
-    def __init__(self, step: int, eager: Callable[[Any], Any]) -> None:
-        torch = sys.modules["torch"]
-        self.step = step  # the step it began after
-        self.calls = 0
-        self.seen: set[int] = set()  # ids of the called modules' own parameters
-        register = torch.nn.modules.module.register_module_forward_pre_hook
-        self.handle: Any = register(eager(self._called))
-
-    def _called(self, module: Any, args: Any) -> None:
-        self.calls += 1
-        self.seen.update(map(id, module._parameters.values()))
-        if self.calls >= WATCH_CALLS:
-            self.close()
-
-    def close(self) -> None:
-        if self.handle is not None:
-            self.handle.remove()
-            self.handle = None
 
 
 def read(record: Record, params: list[Any], new_params: bool) -> None:
