@@ -1,5 +1,7 @@
-"""The peer libraries' own test suites, unguarded and under ``pytest --autograd-guard=strict``:
-each must end with the same exit status (grad_health's findings in a suite that passes are
+"""The peer libraries' own test suites, unguarded, under ``AUTOGRAD_GUARD=strict`` (the
+``.pth``: findings at exit set the status, 3) and under ``pytest --autograd-guard=strict``
+(the plugin, which uninstalls the guard as the session ends: no findings at exit): each must
+end with the same exit status (grad_health's findings in a suite that passes are
 false ones: a layer a test attaches and never calls, gradients a test sets by hand).
 
 The tests come from each library's source at the version ``thirdparty.py`` installs: the
@@ -7,7 +9,7 @@ sdist (``pip download --no-deps --no-binary :all:``), or, where the sdist holds 
 (Lightning), a checkout of its repository at the release tag passed with ``--source``. The
 library itself is the one ``thirdparty.py`` installs, first on ``PYTHONPATH``.
 
-    python scripts/peer_suites.py pytorch_optimizer [--only both|bare|strict] [-- PYTEST ARGS]
+    python scripts/peer_suites.py pytorch_optimizer [--only bare|strict|plugin] [-- PYTEST ARGS]
     python scripts/peer_suites.py accelerate -- tests/test_optimizer.py
     python scripts/peer_suites.py lightning --source ~/pytorch-lightning -- \\
         tests/tests_pytorch/loops/test_training_loop.py
@@ -67,9 +69,11 @@ def run(root: Path, suite: str, args: list[str], mode: str | None) -> dict[str, 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(root / helpers)])}
     env.pop("AUTOGRAD_GUARD", None)
     log = Path(tempfile.mkdtemp()) / "events.jsonl"
-    guard = [f"--autograd-guard={mode}"] if mode else []
+    guard = ["--autograd-guard=strict"] if mode == "plugin" else []
     if mode:
         env["AUTOGRAD_GUARD_LOG"] = str(log)
+    if mode == "strict":
+        env["AUTOGRAD_GUARD"] = "strict"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *guard, *args]
     result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
     lines = [line for line in result.stdout.splitlines() if line.strip()]
@@ -84,7 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("suite", choices=sorted(SUITES))
     parser.add_argument("--source", type=Path, help="the library's source (else the sdist)")
-    parser.add_argument("--only", choices=["both", "bare", "strict"], default="both")
+    parser.add_argument("--only", choices=["bare", "strict", "plugin"], action="append")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     options = parser.parse_args(argv[:cut])
@@ -93,13 +97,12 @@ def main() -> None:
     root = options.source or sdist(library, Path(tempfile.mkdtemp()))
     args = [*own, *(options.pytest or [tests])]
     statuses = {}
-    for mode in ("bare", "strict"):
-        if options.only in ("both", mode):
-            outcome = run(root, options.suite, args, None if mode == "bare" else mode)
-            statuses[mode] = outcome["status"]
-            print(f"{options.suite} {version(library)} {mode}: {json.dumps(outcome)}", flush=True)
-    if len(statuses) == 2:
-        same = statuses["bare"] == statuses["strict"]
+    for mode in options.only or ("bare", "strict", "plugin"):
+        outcome = run(root, options.suite, args, None if mode == "bare" else mode)
+        statuses[mode] = outcome["status"]
+        print(f"{options.suite} {version(library)} {mode}: {json.dumps(outcome)}", flush=True)
+    if len(statuses) > 1:
+        same = len(set(statuses.values())) == 1
         print(f"{options.suite}: exit status {'the same' if same else 'DIFFERS'}: {statuses}")
         sys.exit(0 if same else 1)
 
