@@ -344,3 +344,27 @@ def test_lightning_eval_mode_warning_with_a_layer_never_called_passes_under_stri
     [note] = events
     assert note["action"] == "unused_parameter"
     assert note["parameters"] == ["some_eval_module.weight", "some_eval_module.bias"]
+
+
+LIGHTNING_EVAL_MODE = """
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+model = BoringModel()
+model.some_eval_module = torch.nn.Linear(32, 16)  # attached, never called
+model.some_eval_module.eval()
+Trainer(default_root_dir=".", max_epochs=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False).fit(model)
+print("fitted")
+"""
+
+
+def test_lightnings_eval_mode_test_ends_with_status_0_under_strict(guard_python, tmp_path):
+    # 64 steps, shorter than lost_steps: the layer was a lost_gradient at exit, status 3
+    folder = thirdparty.install("lightning")
+    result = run_python(guard_python, LIGHTNING_EVAL_MODE, tmp_path, check=False,
+                        AUTOGRAD_GUARD="strict", PYTHONPATH=str(folder))  # fmt: skip
+    assert "fitted" in result.stdout
+    assert result.returncode == 0, result.stderr
+    assert "unused_parameter" in result.stderr and "lost_gradient" not in result.stderr
