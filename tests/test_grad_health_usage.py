@@ -368,3 +368,27 @@ def test_lightnings_eval_mode_test_ends_with_status_0_under_strict(guard_python,
     assert "fitted" in result.stdout
     assert result.returncode == 0, result.stderr
     assert "unused_parameter" in result.stderr and "lost_gradient" not in result.stderr
+
+
+def test_steps_meant_to_have_no_gradient_stay_silent_in_strict(monkeypatch):
+    # Lightning: a training_step that returns None makes its closure return None, and the
+    # step runs without backward; Lightning's own tests also mock Tensor.backward.
+    from unittest import mock
+
+    def program() -> dict[str, object]:
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def closure() -> None:
+            optimizer.zero_grad()
+            model(torch.randn(2, 4)).sum()  # no loss returned, no backward
+
+        for _ in range(120):
+            optimizer.step(closure)
+        with mock.patch("torch.Tensor.backward"):
+            train(model, 120)
+        return outcome(model.parameters(), optimizer)
+
+    bare, guarded, events = twin(program, {"mode": "strict"})
+    assert_same(guarded, bare)
+    assert events == []

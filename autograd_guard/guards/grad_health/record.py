@@ -37,6 +37,7 @@ class Record:
         "known",
         "live",
         "lost_shapes",
+        "no_loss",
         "pending",
         "ran",
         "shared_known",
@@ -69,6 +70,7 @@ class Record:
         self.empty = 0  # steps in a row where no parameter had a gradient
         self.empty_judged = False  # some of its parameters' modules ran, when last watched
         self.gone = False  # retired: its optimizer was collected before exit
+        self.no_loss = False  # the step's closure returned no loss (a step skipped on purpose)
         self.kind = ""  # the optimizer's class name
         self.site: str | None = None  # where its first step was called from
         self.stale: list[tuple[int, int]] = []  # gradients a closure step left behind

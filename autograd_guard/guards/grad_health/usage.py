@@ -25,6 +25,8 @@ first of a streak without gradients; and at most ``forward.WATCH_CALLS`` module 
 
 from __future__ import annotations
 
+import sys
+
 from autograd_guard.guards.grad_health.check import parameter_names
 from autograd_guard.guards.grad_health.findings import _strict_finding
 from autograd_guard.guards.grad_health.forward import ForwardWatch
@@ -99,6 +101,17 @@ def sort(record: Record, params: list[Any]) -> tuple[list[Any], list[Any], list[
     return lost, unused, unknown
 
 
+def _on_purpose(record: Record) -> bool:
+    """No gradient is meant to come: the step's closure returned no loss (Lightning's
+    ``training_step`` returning None skips backward), or ``Tensor.backward`` is a test's
+    mock."""
+    if record.evaluations and record.no_loss:
+        return True
+    mock = sys.modules.get("unittest.mock")
+    backward = sys.modules["torch"].Tensor.backward
+    return mock is not None and isinstance(backward, mock.NonCallableMock)
+
+
 def no_gradient_words(kind: str, steps: int, judged: bool, forward: bool) -> str:
     what = f"every parameter of this {kind} had no gradient (.grad is None) in {steps} steps"
     if judged:
@@ -127,7 +140,7 @@ class UsageFlow:
     def _no_gradient(self, optimizer: Any, record: Record, params: list[Any]) -> None:
         """A step where no parameter had a gradient (frozen ones left out)."""
         steps = self.config["lost_steps"]
-        if not steps or not any(p.requires_grad for p in params):
+        if not steps or not any(p.requires_grad for p in params) or _on_purpose(record):
             return
         if any(p.grad is not None for p in params):  # a shard's own gradients may be none
             record.empty = 0
