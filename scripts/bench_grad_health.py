@@ -12,7 +12,7 @@ batch 8192) with fused Adam (the flag stays on the device, no host sync) and wit
 default foreach step (the flag read, one sync per step), and a short step (the CPU's MLP,
 batch 1024) with foreach Adam, where that sync weighs most.
 
-    python scripts/bench_grad_health.py [--steps 50 --blocks 15 --threads N --cuda-only]
+    python scripts/bench_grad_health.py [--steps 50 --blocks 15 --threads N --cuda-only --short]
 """
 
 from __future__ import annotations
@@ -213,12 +213,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's own)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     parser.add_argument("--cuda-only", action="store_true", help="the CUDA rows alone")
+    parser.add_argument("--short", action="store_true", help="the short CPU step's row alone")
     args = parser.parse_args()
     if args.clock == "cpu":
         CLOCK[0] = time.process_time
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = cuda_rows(args.steps, args.blocks) if args.cuda_only else None
+    if args.short:
+        rows = [side_by_side(f"{CASE}: step guarded vs bare", "", args.steps, args.blocks)]
     print_table(
         rows if rows is not None else measure(args.steps, args.blocks),
         f"grad_health: medians of {args.blocks} blocks of {args.steps} steps, "

@@ -208,22 +208,26 @@ def _calls(name: str) -> set[str]:
 
 
 def test_the_exit_statuses_the_docs_name_are_the_codes():
-    """Only a lost gradient found at exit sets status 3 (not zero_gradient or
-    unattached_rules); an unusable policy where strict was asked for is 2."""
+    """Only a lost gradient (or a step without any) found at exit sets status 3 (not
+    zero_gradient or unattached_rules); an unusable policy where strict was asked for is 2."""
     import inspect
 
     from autograd_guard._policy import failure as _policy_failure
     from autograd_guard.guards.grad_health import findings as _grad_findings
+    from autograd_guard.guards.grad_health import usage as _grad_usage
 
     section = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
     section = " ".join(section.split("## Exit statuses", 1)[1].split("\n## ", 1)[0].split())
     rows = dict(re.findall(r"\| (\d) \| ([^|]*) \|", section))
     assert rows[str(_policy_failure.STOP_STATUS)].startswith("strict was asked for")
-    assert rows[str(_grad_findings.EXIT_STATUS)].startswith("`strict`: a `lost_gradient` found")
+    assert rows[str(_grad_findings.EXIT_STATUS)].startswith(
+        "`strict`: a `lost_gradient` or `no_gradient` found"
+    )
     assert _calls("fail_at_exit") == {"_strict_finding"}
-    assert _calls("_strict_finding") == {"_report_lost"}
-    assert 'action="lost_gradient"' in inspect.getsource(_grad_findings.Findings._report_lost)
-    for finding in ("zero_gradient", "nonfinite_origin", "unattached_rules"):
+    assert _calls("_strict_finding") == {"_lost_event", "_report_no_gradient"}
+    assert 'action="lost_gradient"' in inspect.getsource(_grad_usage.UsageFlow._lost_event)
+    assert 'action="no_gradient"' in inspect.getsource(_grad_usage.UsageFlow._report_no_gradient)
+    for finding in ("zero_gradient", "nonfinite_origin", "unattached_rules", "unused_parameter"):
         assert f"`{finding}`" in section.split("leaves the status as it is", 1)[1]
     for path in TEXTS:  # the old claim: "a finding at exit: status 3"
         assert "a finding at exit" not in " ".join(path.read_text(encoding="utf-8").split())

@@ -426,11 +426,11 @@ def test_a_run_whose_every_step_is_skipped_is_said_once_not_to_be_training():
 def test_each_action_has_its_own_remedy_and_strict_names_what_it_can():
     def program() -> None:
         model = torch.nn.Sequential(torch.nn.Linear(3, 3))
-        frozen = torch.nn.Linear(3, 3)
-        optimizer = torch.optim.SGD([*model.parameters(), *frozen.parameters()], lr=0.1)
+        cut = torch.nn.Linear(3, 3)  # runs, detached: its gradient is lost
+        optimizer = torch.optim.SGD([*model.parameters(), *cut.parameters()], lr=0.1)
         for step in range(103):
             optimizer.zero_grad()
-            out = model(torch.ones(1, 3)).sum()
+            out = model(torch.ones(1, 3)).sum() + cut(torch.ones(1, 3)).detach().sum()
             (out + (sqrt_nan(out) if step >= 100 else 0)).backward()
             optimizer.step()
 

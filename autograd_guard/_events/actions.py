@@ -24,6 +24,7 @@ NOT_INTERVENTIONS = frozenset(
         "not_converted",
         "steps_skipped",
         "summary",
+        "unused_parameter",
     }
 )
 
@@ -33,7 +34,14 @@ ERRORS = frozenset({"guard_error", "load_error"})
 
 # Events that report a finding: a diagnosis of the user's code; nothing was changed.
 FINDINGS = frozenset(
-    {"lost_gradient", "nonfinite_origin", "training_stalled", "unattached_rules", "zero_gradient"}
+    {
+        "lost_gradient",
+        "no_gradient",
+        "nonfinite_origin",
+        "training_stalled",
+        "unattached_rules",
+        "zero_gradient",
+    }
 )
 
 

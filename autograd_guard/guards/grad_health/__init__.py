@@ -26,7 +26,9 @@ the flag and skips on the device, with no host sync; steps that GradScaler hands
 fused optimizer are its to skip. After the first non-finite step, a few backward passes
 are recorded to name the backward op that first produced the value and the forward line
 that ran it. A parameter that gets no gradient over the first ``lost_steps`` steps while
-others do is a finding, named once; so is a run whose every step is non-finite for
+others do is named once: a finding where its module ran in the forward pass, a note where
+it never did (``usage``); an optimizer that sees no gradient at all for ``lost_steps``
+steps in a row is a finding; so is a run whose every step is non-finite for
 ``stall_steps`` steps, and one whose every gradient is exactly zero (finite, present, and
 0.0: a detached loss term, a hard silhouette, a mask of zeros, dead ReLUs) for
 ``zero_steps`` steps (``zero``).
@@ -70,7 +72,9 @@ class GradHealth(StepFlow, Findings, Guard):
             int,
             100,
             "optimizer steps after which a parameter that never got a gradient, while "
-            "others did, is named (0: off)",
+            "others did, is named (a finding where its module ran in the forward pass, a "
+            "note where it never did), and after which an optimizer none of whose "
+            "parameters had a gradient for that many steps in a row is (0: off)",
             minimum=0,
             maximum=1_000_000,
         ),

@@ -152,6 +152,7 @@ class ClosureFlow:
         try:
             if record.evaluations > 1:
                 MULTI_EVALUATION.add(type(optimizer))
+            record.no_loss = loss is None  # Lightning's way to skip a step: no gradients
             verdict = self._check(optimizer, record, {}, evaluation=evaluation)
         except GuardError:
             raise

@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 
 from autograd_guard.guards.grad_health.advice import advice
-from autograd_guard.guards.grad_health.check import parameter_names
 from autograd_guard.guards.grad_health.probe import BackwardProbe
 from autograd_guard.guards.grad_health.zero import event as zero_event
 from autograd_guard.guards.grad_health.zero import zero_remedy
@@ -38,10 +37,6 @@ DETECT = "torch.autograd.detect_anomaly() (it raises at the op, at 2-3x the step
 FIND_IT = (
     "run with AUTOGRAD_GUARD=fix, which keeps the weights finite and names the backward op "
     f"and forward line if the value comes again, or wrap the failing step in {DETECT}"
-)
-LOST_REMEDY = (
-    "find where the parameter leaves the autograd graph (.detach(), .data, torch.no_grad, "
-    "a NumPy round trip), or set requires_grad=False if it is meant to stay frozen"
 )
 ORIGIN_REMEDY = (
     "make that forward operation safe for gradients: add an epsilon (sqrt(x + eps)), "
@@ -70,6 +65,7 @@ class Findings:
     emit: Callable[..., bool]
     fail: Callable[[str, BaseException], None]
     refuse: Callable[..., NoReturn]
+    _usage_at_exit: Callable[[Record], None]
 
     def _nonfinite_remedy(self) -> str:
         """What to do, pointing only at events that will come."""
@@ -81,41 +77,6 @@ class Findings:
                 f"(a nonfinite_origin event follows: the op, or why it was not found); {MAKE_SAFE}"
             )
         return f"torch.autograd.detect_anomaly() around the failing step names the op; {MAKE_SAFE}"
-
-    def _report_lost(
-        self,
-        optimizer: Any,
-        lost: list[Any],
-        steps: int | None = None,
-        site: str | None = None,
-        retired: Record | None = None,
-    ) -> None:
-        """A finding; in strict, the step does not run (or, at exit, the status is set).
-        Of an optimizer collected before exit, only the shapes are known."""
-        if retired is not None:
-            shapes = [list(shape) for shape in retired.lost_shapes]
-            names = [f"<a parameter of shape {tuple(shape)}>" for shape in shapes]
-        else:
-            shapes, names = [list(p.shape) for p in lost], parameter_names(lost)
-        steps = steps or self.config["lost_steps"]
-        owner = f" of a {retired.kind} gone before exit" if retired is not None else ""
-        event = (
-            f"{len(names)} parameter(s){owner} got no gradient in {steps} optimizer steps "
-            f"while the others did: {', '.join(names)}"
-        )
-        fields = {"remedy": LOST_REMEDY, "parameters": names, "shapes": shapes}
-        site = site or self._sites.site(optimizer)
-        if self.mode == "strict" and optimizer is not None:
-            self.refuse(event, action="lost_gradient", callsite=site, **fields)
-        self.emit(
-            event,
-            action="lost_gradient",
-            callsite=site,
-            level="error" if self.mode == "strict" else "warning",
-            **fields,
-        )
-        if self.mode == "strict":
-            _strict_finding()
 
     def _stalled(self, record: Record, site: str) -> None:
         """Said when the stall starts and again each time its length doubles."""
@@ -211,18 +172,14 @@ class Findings:
         )
 
     def _at_exit(self) -> None:
-        """The run is over: an armed localiser's last word, and parameters that got no
-        gradient in a run shorter than ``lost_steps``."""
+        """The run is over: an armed localiser's last word, and parameters (or whole
+        optimizers) that got no gradient in a run shorter than ``lost_steps``."""
         probe = self._probe
         if probe is not None:
             probe.disarm()
             self._probe_finished(probe, at_exit=True)
         for record in self._records.all():
-            lost = record.never_trained() if self.config["lost_steps"] else []
-            if lost:
-                self._report_lost(None, lost, steps=record.step, site=record.site)
-            elif record.lost_shapes and self.config["lost_steps"]:
-                self._report_lost(None, [], steps=record.step, site=record.site, retired=record)
+            self._usage_at_exit(record)
             if record.skipped:
                 self.emit(
                     f"{record.skipped} of {record.step} optimizer steps of this {record.kind} "

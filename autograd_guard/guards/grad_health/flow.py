@@ -12,12 +12,13 @@ import sys
 import threading
 
 from autograd_guard.errors import GuardError
-from autograd_guard.guards.grad_health import zero
+from autograd_guard.guards.grad_health import usage, zero
 from autograd_guard.guards.grad_health.check import ALL_ZERO, NO_GRADIENTS, SOME_VALUE, PendingFlag
 from autograd_guard.guards.grad_health.closure import ClosureFlow
 from autograd_guard.guards.grad_health.dist import local_gradient, sharing_of
 from autograd_guard.guards.grad_health.gate import CLOSURE, RUN, SKIP
 from autograd_guard.guards.grad_health.step import closure_of, params_of
+from autograd_guard.guards.grad_health.usage import UsageFlow
 from autograd_guard.guards.grad_health.zero import ZeroFlow
 
 TYPE_CHECKING = False
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.words import StepSites
 
 
-class StepFlow(ZeroFlow, ClosureFlow):
+class StepFlow(ZeroFlow, UsageFlow, ClosureFlow):
     """What runs at each optimizer step (``GradHealth`` provides the state and reports)."""
 
     active: bool
@@ -145,10 +146,15 @@ class StepFlow(ZeroFlow, ClosureFlow):
         params = params_of(optimizer)
         self._lost_check(optimizer, record, params)
         if not self.config["nonfinite"] or _scaler_decides(optimizer, kwargs, record):
+            self._no_gradient(optimizer, record, params)
             return RUN
         sharing = self._sharing(optimizer, record, params)
         consumed = sharing.shard if sharing is not None else params
         grads = [g for g in [p.grad for p in consumed] if g is not None]  # one read of each
+        if grads:
+            record.empty = 0
+        else:
+            self._no_gradient(optimizer, record, params)
         if sharing is not None and self.mode != "observe":
             return self._decide_together(
                 optimizer, record, consumed, grads, sharing, gated, evaluation
@@ -216,11 +222,14 @@ class StepFlow(ZeroFlow, ClosureFlow):
         if (
             lost_steps
             and record.evaluations <= 1
-            and (record.waiting or len(params) != record.known)
-        ):
-            lost = record.lost(params, lost_steps)
+            and (record.waiting or record.watch is not None or len(params) != record.known)
+        ):  # on a healthy step, once every parameter has had a gradient: nothing to do
+            new = len(params) != record.known
+            usage.read(record, params, new)
+            lost = record.lost(params, lost_steps) if record.waiting or new else []
+            usage.begin(record, self._hooks.eager)
             if lost:
-                self._report_lost(optimizer, lost)
+                self._report_lost(optimizer, record, lost)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         record = self._records.find(optimizer)

@@ -1,5 +1,6 @@
 """What grad_health keeps per optimizer: the parameters still waiting for a first
-gradient, the non-finite (and the all-zero) steps in a row, and the step in progress.
+gradient (and what the forward pass did with their modules), the non-finite (and the
+all-zero, and the gradient-less) steps in a row, and the step in progress.
 
 Records are keyed by ``id(optimizer)`` and dropped when the optimizer is collected, so an
 optimizer that defines ``__eq__`` (and so is unhashable) is checked like any other.
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 
     from autograd_guard.guards.grad_health.check import PendingFlag
     from autograd_guard.guards.grad_health.dist import Sharing
+    from autograd_guard.guards.grad_health.forward import ForwardWatch
 
 
 class Record:
@@ -24,14 +26,20 @@ class Record:
     __slots__ = (
         "closure",
         "depth",
+        "empty",
+        "empty_judged",
         "evaluations",
         "flag",
+        "forward",
+        "gone",
         "in_a_row",
         "kind",
         "known",
         "live",
         "lost_shapes",
+        "no_loss",
         "pending",
+        "ran",
         "shared_known",
         "sharing",
         "site",
@@ -40,7 +48,9 @@ class Record:
         "step",
         "suspect",
         "trained",
+        "unknown_shapes",
         "waiting",
+        "watch",
         "zero_in_a_row",
         "zero_step",
     )
@@ -53,6 +63,14 @@ class Record:
         self.in_a_row = 0  # non-finite steps in a row
         self.skipped = 0  # steps skipped (fix)
         self.lost_shapes: list[tuple[int, ...]] = []  # never trained, once retired
+        self.unknown_shapes: list[tuple[int, ...]] = []  # the same, never watched
+        self.watch: ForwardWatch | None = None  # the modules called in one step's forward
+        self.ran: set[int] | None = None  # ids of parameters whose module ran, once watched
+        self.forward = False  # some module ran while watched
+        self.empty = 0  # steps in a row where no parameter had a gradient
+        self.empty_judged = False  # some of its parameters' modules ran, when last watched
+        self.gone = False  # retired: its optimizer was collected before exit
+        self.no_loss = False  # the step's closure returned no loss (a step skipped on purpose)
         self.kind = ""  # the optimizer's class name
         self.site: str | None = None  # where its first step was called from
         self.stale: list[tuple[int, int]] = []  # gradients a closure step left behind
@@ -105,8 +123,16 @@ class Record:
 
     def retire(self) -> None:
         """Its optimizer is gone (its parameters may follow): what is said of them at
-        exit is taken now, as shapes, holding no tensor."""
-        self.lost_shapes = [tuple(p.shape) for p in self.never_trained()]
+        exit is taken now, as shapes, holding no tensor (those whose module never ran are
+        left unsaid)."""
+        if self.watch is not None:
+            self.watch.close()
+            self.watch = None
+        ran = self.ran
+        never = self.never_trained()
+        self.lost_shapes = [tuple(p.shape) for p in never if ran is not None and id(p) in ran]
+        self.unknown_shapes = [tuple(p.shape) for p in never] if ran is None else []
+        self.gone = True
         self.waiting = {}
         self.pending.clear()
         self.sharing = None
@@ -149,7 +175,7 @@ class Records:
     def _dropper(self, key: int) -> Any:
         def drop(_: Any) -> None:
             entry = self._by_id.pop(key, None)
-            if entry is not None and (entry[1].skipped or entry[1].waiting):
+            if entry is not None and (entry[1].skipped or entry[1].waiting or entry[1].watch):
                 record = entry[1]
                 record.retire()
                 self.retired.append(record)  # what is said of it at exit

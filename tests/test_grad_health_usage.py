@@ -1,0 +1,394 @@
+"""grad_health's parameters without a gradient, told apart by what the forward pass did:
+a step with no gradient at all (``zero_grad()`` between ``backward()`` and ``step()``, no
+``backward()``, a detached loss) is a finding; a parameter whose module ran and got no
+gradient is *lost* (a finding); one whose module never ran is *unused* (a note, never a
+failure); what cannot be known (outside any module, gradients set by hand) is never a strict
+failure. Each a twin run where the program's outcome matters, and the forward watch's cost:
+none on a healthy step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import thirdparty
+import torch
+from grad_health_twin import assert_same, outcome, twin
+from helpers import run_python
+
+import autograd_guard
+from autograd_guard.testing import capture_events
+
+HOOKS = torch.nn.modules.module._global_forward_pre_hooks
+
+
+class Net(torch.nn.Module):
+    """A backbone and a head; ``spare`` is defined and never called in forward."""
+
+    def __init__(self, cut: str = "") -> None:
+        super().__init__()
+        self.backbone, self.head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+        self.spare = torch.nn.Linear(8, 8)
+        self.cut = cut
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cut == "no_grad":
+            with torch.no_grad():
+                features = self.backbone(x)
+        else:
+            features = self.backbone(x)
+        if self.cut == "detach":
+            features = features.detach()
+        if self.cut == "numpy":
+            features = torch.from_numpy(features.detach().numpy())
+        return self.head(features)
+
+
+def train(
+    model: torch.nn.Module, steps: int, bug: str = "", seen: Callable[[int], None] | None = None
+) -> None:
+    """A loop with one of the newcomer's bugs that leave every gradient None; ``seen`` is
+    called after each step."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(steps):
+        if bug != "zero_grad_late":
+            optimizer.zero_grad()
+        loss = model(torch.randn(4, 4)).pow(2).mean()
+        if bug == "detached_loss":
+            loss = loss.detach().requires_grad_()
+        if bug != "no_backward":
+            loss.backward()
+        if bug == "zero_grad_late":
+            optimizer.zero_grad()  # between backward() and step(): every .grad is None
+        optimizer.step()
+        if seen is not None:
+            seen(step)
+
+
+def run(
+    model: torch.nn.Module, steps: int, bug: str = "", **policy: object
+) -> list[dict[str, object]]:
+    autograd_guard.install({"guards": {"grad_health": policy}} if policy else {})
+    try:
+        with capture_events() as events:
+            train(model, steps, bug)
+    finally:
+        autograd_guard.uninstall()
+    return events
+
+
+# -- a step with no gradients -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bug", ["zero_grad_late", "no_backward", "detached_loss"])
+def test_a_loop_where_no_gradient_ever_arrives_is_named_at_the_lost_steps_step(bug):
+    steps: list[int] = []
+    autograd_guard.install({"guards": {"grad_health": {"lost_steps": 10}}})
+    try:
+        with capture_events() as events:
+            train(Net(), 15, bug, lambda _: steps.append(len(events)))
+    finally:
+        autograd_guard.uninstall()
+    [event] = events
+    assert event["action"] == "no_gradient" and event["level"] == "warning"
+    assert steps.index(1) == 9  # logged at the 10th step, not later
+    assert "in 10 steps in a row while its modules ran in the forward pass" in event["event"]
+    assert "zero_grad() between backward() and step()" in event["event"]
+    assert "zero_grad() before loss.backward()" in event["remedy"]
+
+
+def test_strict_raises_at_the_step_where_no_gradient_reaches_lost_steps():
+    autograd_guard.install({"mode": "strict", "guards": {"grad_health": {"lost_steps": 10}}})
+    seen: list[int] = []
+    try:
+        with pytest.raises(autograd_guard.GuardError, match="nothing trains"):
+            train(Net(), 15, "zero_grad_late", seen.append)
+    finally:
+        autograd_guard.uninstall()
+    assert seen == list(range(9))  # the 10th step raised
+
+
+def test_no_gradient_leaves_the_program_as_it_is_in_fix():
+    def program() -> dict[str, object]:
+        model = Net()
+        train(model, 120, "zero_grad_late")
+        return outcome(model.parameters())
+
+    bare, guarded, events = twin(program)
+    assert_same(guarded, bare)
+    assert [e["action"] for e in events] == ["no_gradient"]
+
+
+def test_frozen_parameters_and_optimizers_never_stepped_stay_silent():
+    def program() -> dict[str, object]:
+        frozen = torch.nn.Linear(4, 4).requires_grad_(False)
+        optimizer = torch.optim.SGD(frozen.parameters(), lr=0.1)
+        never = torch.optim.SGD(torch.nn.Linear(4, 4).parameters(), lr=0.1)
+        for _ in range(150):
+            frozen(torch.randn(2, 4)).sum()
+            optimizer.step()
+        return outcome(frozen.parameters(), optimizer, never)
+
+    bare, guarded, events = twin(program, {"mode": "strict"})
+    assert_same(guarded, bare)
+    assert events == []
+
+
+def test_gradscaler_skipped_steps_stay_silent():
+    scaler_kind = getattr(torch.amp, "GradScaler", None)
+    try:
+        scaler = scaler_kind("cpu", init_scale=2.0**16) if scaler_kind else None
+    except (TypeError, RuntimeError):
+        scaler = None
+    if scaler is None or not scaler.is_enabled():
+        pytest.skip("no GradScaler for the CPU in this torch")
+
+    def program() -> dict[str, object]:
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(120):  # every loss is inf: GradScaler skips every step
+            optimizer.zero_grad()
+            scaler.scale(model(torch.randn(2, 4)).sum() * float("inf")).backward()
+            scaler.step(optimizer)
+            scaler.update(2.0**16)
+        return outcome(model.parameters(), optimizer)
+
+    bare, guarded, events = twin(program, {"mode": "strict"})
+    assert_same(guarded, bare)
+    assert events == []
+
+
+# -- lost or unused -------------------------------------------------------------------------
+
+
+def test_a_layer_never_called_is_a_note_never_a_failure():
+    def program() -> dict[str, object]:
+        model = Net()
+        train(model, 150)
+        return outcome(model.parameters())
+
+    bare, guarded, events = twin(program, {"mode": "strict"})
+    assert_same(guarded, bare)
+    [note] = events
+    assert note["action"] == "unused_parameter" and note["level"] == "info"
+    assert note["parameters"] == ["spare.weight", "spare.bias"]
+    assert "defined but never called in forward?" in note["event"]
+
+
+@pytest.mark.parametrize("cut", ["detach", "no_grad", "numpy"])
+def test_a_module_that_ran_and_got_no_gradient_is_lost(cut):
+    events = run(Net(cut), 12, lost_steps=10)
+    lost, unused = (
+        next(e for e in events if e["action"] == action)
+        for action in ("lost_gradient", "unused_parameter")
+    )
+    assert lost["parameters"] == ["backbone.weight", "backbone.bias"]
+    assert "though their modules ran in the forward pass" in lost["event"]
+    assert unused["parameters"] == ["spare.weight", "spare.bias"]
+    autograd_guard.install({"mode": "strict", "guards": {"grad_health": {"lost_steps": 10}}})
+    try:
+        with pytest.raises(autograd_guard.GuardError, match=r"backbone\.weight"):
+            train(Net(cut), 12)
+    finally:
+        autograd_guard.uninstall()
+
+
+def test_a_data_write_in_the_modules_own_forward_is_lost():
+    class Scale(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(4))
+            self.head = torch.nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(x * self.scale.data)  # .data: out of the graph
+
+    [event] = run(Scale(), 6, lost_steps=5)
+    assert event["action"] == "lost_gradient" and event["parameters"] == ["scale"]
+
+
+def test_a_parameter_outside_any_module_is_a_warning_never_a_strict_failure():
+    def program() -> dict[str, object]:
+        model = torch.nn.Linear(4, 1)
+        loose = torch.nn.Parameter(torch.ones(3))
+        optimizer = torch.optim.SGD([*model.parameters(), loose], lr=0.1)
+        for _ in range(120):
+            optimizer.zero_grad()
+            (model(torch.randn(2, 4)).sum() + loose.detach().sum()).backward()
+            optimizer.step()
+        return outcome([*model.parameters(), loose], optimizer)
+
+    bare, guarded, events = twin(program, {"mode": "strict"})
+    assert_same(guarded, bare)
+    [event] = events
+    assert event["action"] == "lost_gradient" and event["level"] == "warning"
+    assert "belongs to no module" in event["event"] and "never a strict failure" in event["event"]
+
+
+def test_gradients_set_by_hand_with_no_forward_pass_never_fail_strict():
+    # pytorch_optimizer's tests: parameters of a model, gradients written by hand, some None
+    def program() -> dict[str, object]:
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+        for _ in range(120):
+            model[0].weight.grad = torch.ones_like(model[0].weight)
+            optimizer.step()
+        return outcome(model.parameters(), optimizer)
+
+    bare, guarded, events = twin(program, {"mode": "strict"})
+    assert_same(guarded, bare)
+    [note] = events
+    assert note["action"] == "unused_parameter"
+    assert "gradients set by hand?" in note["event"]
+    assert note["parameters"] == ["0.bias", "1.weight", "1.bias"]
+
+
+# -- cost ---------------------------------------------------------------------------------
+
+
+def test_a_healthy_loop_never_watches_the_forward_pass():
+    autograd_guard.install({})
+    try:
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            before = dict(HOOKS)
+            optimizer.step()
+            assert dict(HOOKS) == before
+    finally:
+        autograd_guard.uninstall()
+
+
+def test_the_watch_is_on_for_one_step_only():
+    autograd_guard.install({})
+    watched: list[int] = []
+    try:
+        train(Net(), 5, seen=lambda _: watched.append(len(HOOKS)))
+    finally:
+        autograd_guard.uninstall()
+    assert watched == [1, 0, 0, 0, 0]
+
+
+# -- in a child interpreter: the exit status --------------------------------------------
+
+SHORT = """
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+spare = torch.nn.Linear(3, 3)  # defined, never called
+optimizer = torch.optim.SGD([*model.parameters(), *spare.parameters()], lr=0.01)
+for step in range(20):
+    optimizer.zero_grad()
+    loss = model(torch.randn(4, 4)).pow(2).mean()
+    loss.backward()
+    {late}
+    optimizer.step()
+print("done")
+"""
+
+
+@pytest.mark.parametrize(("late", "status"), [("optimizer.zero_grad()", 3), ("pass", 0)])
+def test_strict_fails_a_short_run_without_gradients_at_exit(guard_python, tmp_path, late, status):
+    result = run_python(guard_python, SHORT.format(late=late), tmp_path, check=False,
+                        AUTOGRAD_GUARD="strict")  # fmt: skip
+    assert "done" in result.stdout
+    assert result.returncode == status, result.stderr
+    if status:
+        assert "no_gradient" in result.stderr and "in 20 steps in a row" in result.stderr
+    else:
+        assert "unused_parameter" in result.stderr
+
+
+def test_pytorch_optimizer_swats_with_gradients_by_hand_passes_under_strict(monkeypatch):
+    monkeypatch.syspath_prepend(str(thirdparty.install("pytorch_optimizer")))
+    from pytorch_optimizer import SWATS
+
+    def program() -> dict[str, object]:
+        active, other = (torch.nn.Parameter(torch.randn(1, 2)) for _ in range(2))
+        optimizer = SWATS([active, other], lr=1e-1, nesterov=True, eps=1.0)
+        for _ in range(3):  # the upstream test: one step without gradients, then by hand
+            optimizer.step()
+            active.grad = torch.ones_like(active)
+        return outcome([active, other], optimizer)
+
+    bare, guarded, events = twin(program, {"mode": "strict"})
+    assert_same(guarded, bare)
+    assert events == []
+
+
+def test_lightning_eval_mode_warning_with_a_layer_never_called_passes_under_strict(
+    monkeypatch, tmp_path
+):
+    # Lightning 2.6.5's test_eval_mode_warning: a layer attached to BoringModel and never
+    # called, 64 steps of one epoch; its run ended with a lost_gradient, status 3 in strict.
+    monkeypatch.syspath_prepend(str(thirdparty.install("lightning")))
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    def program() -> dict[str, object]:
+        model = BoringModel()
+        model.some_eval_module = torch.nn.Linear(32, 16)
+        model.some_eval_module.eval()
+        trainer = Trainer(
+            default_root_dir=tmp_path, max_epochs=1, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(model)
+        return outcome(model.parameters())
+
+    bare, guarded, events = twin(
+        program, {"mode": "strict", "guards": {"grad_health": {"lost_steps": 50}}}
+    )
+    assert_same(guarded, bare)
+    [note] = events
+    assert note["action"] == "unused_parameter"
+    assert note["parameters"] == ["some_eval_module.weight", "some_eval_module.bias"]
+
+
+LIGHTNING_EVAL_MODE = """
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+model = BoringModel()
+model.some_eval_module = torch.nn.Linear(32, 16)  # attached, never called
+model.some_eval_module.eval()
+Trainer(default_root_dir=".", max_epochs=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False).fit(model)
+print("fitted")
+"""
+
+
+def test_lightnings_eval_mode_test_ends_with_status_0_under_strict(guard_python, tmp_path):
+    # 64 steps, shorter than lost_steps: the layer was a lost_gradient at exit, status 3
+    folder = thirdparty.install("lightning")
+    result = run_python(guard_python, LIGHTNING_EVAL_MODE, tmp_path, check=False,
+                        AUTOGRAD_GUARD="strict", PYTHONPATH=str(folder))  # fmt: skip
+    assert "fitted" in result.stdout
+    assert result.returncode == 0, result.stderr
+    assert "unused_parameter" in result.stderr and "lost_gradient" not in result.stderr
+
+
+def test_steps_meant_to_have_no_gradient_stay_silent_in_strict(monkeypatch):
+    # Lightning: a training_step that returns None makes its closure return None, and the
+    # step runs without backward; Lightning's own tests also mock Tensor.backward.
+    from unittest import mock
+
+    def program() -> dict[str, object]:
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def closure() -> None:
+            optimizer.zero_grad()
+            model(torch.randn(2, 4)).sum()  # no loss returned, no backward
+
+        for _ in range(120):
+            optimizer.step(closure)
+        with mock.patch("torch.Tensor.backward"):
+            train(model, 120)
+        return outcome(model.parameters(), optimizer)
+
+    bare, guarded, events = twin(program, {"mode": "strict"})
+    assert_same(guarded, bare)
+    assert events == []
