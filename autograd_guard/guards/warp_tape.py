@@ -1,0 +1,344 @@
+"""Guard ``warp_tape``: arrays overwritten between a ``wp.Tape``'s recording and its backward.
+
+Symptom: ``tape.backward()`` replays each recorded launch's adjoint with the arrays'
+*current* contents, not the contents the launch read when it was recorded. A buffer
+that a later launch, a ``wp.copy``, an ``array.assign``/``fill_``/``zero_`` or a write
+through ``.numpy()`` changes before ``backward()`` (a validation pass that reuses the
+prediction buffer is enough) gives a wrong but finite gradient, silently: the fit
+converges to a wrong answer, or diverges. torch refuses the same program ("one of the
+variables needed for gradient computation has been modified by an inplace operation");
+Warp checks nothing unless ``wp.config.verify_autograd_array_access`` is set, and then
+only prints.
+Affected: every warp-lang version (open in 1.19).
+Upstream: NVIDIA/warp#1350, "wp.Tape: backward() evaluates at current array state, not
+forward values".
+Remedy: while a tape records, the guard notes which arrays each launch reads (its
+``inputs``). Before a write changes such an array, its contents are copied once
+(copy-on-write: arrays nobody overwrites cost nothing). At ``backward()``, ``observe``
+names each overwritten array, the launch that read it and the write that changed it,
+with their lines; ``strict`` raises there; ``fix`` gives each recorded launch's adjoint
+the copy of what it read, so that the gradient is that of the program as written (as if
+every write had gone to a fresh buffer). The arrays' current contents are never touched.
+Reads are forgotten at ``backward()`` and ``tape.reset()``: buffers reused after
+``backward()`` are Warp's own idiom and cost nothing.
+
+Writes it sees: the ``outputs`` of ``wp.launch``, the destination of ``wp.copy`` (and
+so of ``wp.clone``), ``array.assign``, ``fill_`` and ``zero_``, and a host array whose
+``.numpy()`` view was taken (its contents are compared at ``backward()``). Writes it
+cannot see: a kernel writing through an array passed in ``inputs``, a raw pointer
+(``array.ptr``, ctypes), another framework's view of the same memory (``wp.to_torch``,
+``wp.from_torch``, DLPack), the adjoints of ``tape.record_func`` callbacks, and a CUDA
+graph replay (``wp.capture_launch``); inside a graph capture it neither copies nor reports.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+
+from autograd_guard.guard import Call, Guard, Target, argument
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
+# Positions in wp.launch(kernel, dim, inputs, outputs, adj_inputs, adj_outputs, device,
+# stream, adjoint, record_tape, ...) and wp.copy(dest, src, ...), the same from 1.0 to 1.19.
+INPUTS, OUTPUTS, ADJOINT, RECORD_TAPE = 2, 3, 8, 9
+RECORDED_INPUTS = 3  # in a recorded launch: [kernel, dim, max_blocks, inputs, outputs, ...]
+REMEDY = (
+    "leave the arrays that a recorded launch reads unchanged until tape.backward() "
+    "(write into a fresh array), or call tape.backward() before the write"
+)
+
+
+class _Watched:
+    """An array read by recorded launches of one tape: the contents it had before each
+    write (``versions``), and each read as (launch index, version, input position, site)."""
+
+    __slots__ = ("array", "reads", "versions")
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+        self.versions: list[tuple[Any, str, str, bool]] = []  # (copy, write, site, exposed)
+        self.reads: list[tuple[int, int, int, tuple[str, int]]] = []
+
+
+class WarpTape(Guard):
+    name = "warp_tape"
+    distribution = "warp-lang"
+    affected = ""  # every version
+    symptom = "tape.backward() uses the current contents of arrays overwritten after recording"
+    upstream = "https://github.com/NVIDIA/warp/issues/1350"
+    remedy = REMEDY
+    targets = (
+        *(
+            Target(module, "launch", aliases=("warp:launch",), check="_launch_check")
+            for module in ("warp.context", "warp._src.context")
+        ),
+        *(
+            Target(module, "copy", aliases=("warp:copy",), check="_copy_check", handle="_copy")
+            for module in ("warp.context", "warp._src.context")
+        ),
+        # wp.array's methods, through the package: the class lives in warp.types up to
+        # 1.9 and in warp._src.types since, and the shim warp.types no longer exports it
+        *(
+            Target("warp", f"array.{method}", check="_method_check", handle="_method")
+            for method in ("assign", "fill_", "zero_", "numpy")
+        ),
+        *(
+            Target(module, f"Tape.{method}", check="_tape_check", handle=f"_{method}")
+            for module in ("warp.tape", "warp._src.tape")
+            for method in ("backward", "reset")
+        ),
+    )
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._context: Any = None  # holds `runtime` (set by wp.init()), whose `tape` records
+        self._array: type | None = None
+        self._tapes: Any = weakref.WeakKeyDictionary()  # tape -> {id(array): _Watched}
+        self._last: tuple[Any, dict[int, _Watched]] | None = None  # (weakref(tape), reads)
+        self._watched: dict[int, list[_Watched]] = {}  # id(array) -> every tape's
+        self._replay: dict[int, list[dict[int, Any]]] | None = None  # fix, in backward()
+        self._busy = False  # the guard's own copies
+
+    def _attach(self, module: ModuleType, target: Target | None) -> None:
+        if hasattr(module, "runtime") and (self._context is None or "_src" in module.__name__):
+            self._context = module
+        if module.__name__ == "warp":
+            self._array = module.array
+
+    # -- wp.launch: reads, writes, and the adjoints in a backward() being fixed ----------
+
+    def _launch_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        # Every wp.launch passes here. Reads are noted in the check itself: a Call and a
+        # handler per recorded launch would cost more than the note.
+        # Plain lookups, not argument(): this runs on every launch.
+        if self._busy:
+            return False
+        adjoint = (
+            kwargs["adjoint"] if "adjoint" in kwargs else len(args) > ADJOINT and args[ADJOINT]
+        )
+        if self._replay is not None:
+            return bool(adjoint)
+        runtime = self._context.runtime
+        tape = runtime.tape if runtime is not None else None
+        if tape is not None and not adjoint:
+            record = (
+                kwargs["record_tape"]
+                if "record_tape" in kwargs
+                else len(args) <= RECORD_TAPE or args[RECORD_TAPE]
+            )
+            inputs = kwargs["inputs"] if "inputs" in kwargs else args[INPUTS : INPUTS + 1]
+            if record and inputs:
+                self._note_reads(tape, inputs if "inputs" in kwargs else inputs[0])
+        if self._watched:
+            outputs = argument(args, kwargs, "outputs", OUTPUTS, None)
+            return bool(outputs) and self._changes_any(outputs)
+        return False
+
+    def _note_reads(self, tape: Any, inputs: Any) -> None:
+        if not inputs:
+            return
+        last = self._last
+        if last is not None and last[0]() is tape:
+            arrays = last[1]
+        else:
+            arrays = self._tapes.get(tape)
+            if arrays is None:
+                arrays = self._tapes[tape] = {}
+            self._last = (weakref.ref(tape), arrays)
+        index, site, array = len(tape.launches), None, self._array
+        for position, value in enumerate(inputs):
+            if type(value) is not array and not isinstance(value, array):  # type: ignore[arg-type]
+                continue
+            watched = arrays.get(id(value))
+            if watched is None:
+                watched = arrays[id(value)] = _Watched(value)
+                self._watched.setdefault(id(value), []).append(watched)
+            site = site or _user_frame()
+            watched.reads.append((index, len(watched.versions), position, site))
+
+    def _changes_any(self, arrays: Any) -> bool:
+        watched = self._watched
+        return any(_fresh(w) for a in arrays if id(a) in watched for w in watched[id(a)])
+
+    def handle(self, call: Call) -> Any:
+        if self._replay is not None:
+            return self._adjoint(call)
+        kernel = call.argument("kernel", 0)
+        labels = [p.label for p in kernel.adj.args][len(call.argument("inputs", INPUTS) or ()) :]
+        for position, value in enumerate(call.argument("outputs", OUTPUTS) or ()):
+            label = labels[position] if position < len(labels) else str(position)
+            self._before_write(value, f"wp.launch of {kernel.key} (output {label!r})", call)
+        return call.proceed()
+
+    def _adjoint(self, call: Call) -> Any:
+        inputs = call.argument("inputs", INPUTS)
+        pending = self._replay.get(id(inputs)) if self._replay else None
+        if pending:  # launches that share one inputs list run in reverse order
+            given = pending.pop(0)
+            if given:
+                call.replace("inputs", INPUTS, [given.get(i, a) for i, a in enumerate(inputs)])
+        return call.proceed()
+
+    # -- the other writes ------------------------------------------------------------------
+
+    def _copy_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        dest = argument(args, kwargs, "dest", 0)
+        return bool(self._watched) and not self._busy and self._changes_any((dest,))
+
+    def _copy(self, call: Call) -> Any:
+        self._before_write(call.argument("dest", 0), "wp.copy (its destination)", call)
+        return call.proceed()
+
+    def _method_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        return bool(self._watched) and not self._busy and self._changes_any((instance,))
+
+    def _method(self, call: Call) -> Any:
+        method = call.target.qualname.rpartition(".")[2]
+        if method != "numpy":
+            self._before_write(call.instance, f"array.{method}()", call)
+        elif call.instance.device.is_cpu:  # a view the caller may write through
+            self._before_write(call.instance, "a write through array.numpy()", call, True)
+        return call.proceed()
+
+    def _before_write(self, array: Any, write: str, call: Call, exposed: bool = False) -> None:
+        changed = [w for w in self._watched.get(id(array), ()) if _fresh(w)]
+        if not changed or getattr(array.device, "is_capturing", False):
+            return  # a graph capture runs nothing now; its replays are not seen either
+        copy = self._copy_of(array)
+        for watched in changed:
+            watched.versions.append((copy, write, call.callsite, exposed))
+
+    def _copy_of(self, array: Any) -> Any:
+        warp, runtime = sys.modules["warp"], self._context.runtime
+        tape, runtime.tape, self._busy = runtime.tape, None, True
+        try:
+            copy = warp.empty(array.shape, dtype=array.dtype, device=array.device)
+            warp.copy(copy, array)
+        finally:
+            runtime.tape, self._busy = tape, False
+        return copy
+
+    # -- Tape.backward and Tape.reset ------------------------------------------------------
+
+    def _tape_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        return instance in self._tapes
+
+    def _backward(self, call: Call) -> Any:
+        arrays = self._forget(call.instance)
+        self._busy = True  # comparing .numpy() views calls .numpy()
+        try:
+            stale = [item for watched in arrays.values() for item in _stale(watched)]
+        finally:
+            self._busy = False
+        if not stale:
+            return call.proceed()
+        described = [_describe(call.instance.launches, *item) for item in stale]
+        first = described[0]
+        more = f" and {len(described) - 1} more" if len(described) > 1 else ""
+        fixing = self.report(
+            call,
+            "overwritten",
+            f"{first['kernel']}'s input {first['argument']!r} (read at {first['read_at']}) "
+            f"was overwritten by {first['written_by']} at {first['written_at']}{more} before "
+            "tape.backward(), which uses the arrays' current contents; "
+            + ("each launch was given" if self.mode == "fix" else "fix gives each launch")
+            + " the contents it read",
+            arrays=described,
+        )
+        if not fixing:
+            return call.proceed()
+        self._replay = _replay_plan(call.instance.launches, stale)
+        try:
+            return call.proceed()
+        finally:
+            self._replay = None
+
+    def _reset(self, call: Call) -> Any:
+        self._forget(call.instance)
+        return call.proceed()
+
+    def _forget(self, tape: Any) -> dict[int, _Watched]:
+        arrays = self._tapes.pop(tape, None) or {}
+        self._last = None
+        for key, watched in arrays.items():
+            others = [w for w in self._watched.get(key, ()) if w is not watched]
+            if others:
+                self._watched[key] = others
+            else:
+                self._watched.pop(key, None)
+        return arrays
+
+
+def _fresh(watched: _Watched) -> bool:
+    """The array was read since its last write: the next write must copy it first."""
+    return watched.reads[-1][1] == len(watched.versions)
+
+
+def _stale(watched: _Watched) -> list[tuple[_Watched, int, int, int, tuple[str, int]]]:
+    """Each read whose contents have changed since: (watched, launch, version, position,
+    site). A ``.numpy()`` view that was not written through changed nothing."""
+    versions = watched.versions
+    changed = []
+    for version, (copy, _, _, exposed) in enumerate(versions):
+        after = versions[version + 1][0] if version + 1 < len(versions) else watched.array
+        changed.append(not exposed or not _same(copy, after))
+    return [
+        (watched, index, version, position, site)
+        for index, version, position, site in watched.reads
+        if any(changed[version:])
+    ]
+
+
+def _same(a: Any, b: Any) -> bool:
+    return bool((a.numpy() == b.numpy()).all())
+
+
+def _replay_plan(launches: list[Any], stale: list[Any]) -> dict[int, list[dict[int, Any]]]:
+    """For each recorded launch's inputs list, in backward's (reverse) order, the inputs
+    to give its adjoint: ``{position: the copy of what it read}``."""
+    given: dict[int, dict[int, Any]] = {}
+    for watched, index, version, position, _ in stale:
+        given.setdefault(index, {})[position] = watched.versions[version][0]
+    lists = {id(launches[index][RECORDED_INPUTS]) for index in given if index < len(launches)}
+    plan: dict[int, list[dict[int, Any]]] = {}
+    for index in reversed(range(len(launches))):
+        entry = launches[index]
+        if not callable(entry) and id(entry[RECORDED_INPUTS]) in lists:
+            plan.setdefault(id(entry[RECORDED_INPUTS]), []).append(given.get(index, {}))
+    return plan
+
+
+def _describe(
+    launches: list[Any], watched: _Watched, index: int, version: int, position: int, site: Any
+) -> dict[str, Any]:
+    entry = launches[index] if index < len(launches) else None
+    kernel = entry[0] if entry is not None and not callable(entry) else None
+    params = kernel.adj.args if kernel is not None else ()
+    _, write, written_at, _ = watched.versions[version]
+    return {
+        "argument": params[position].label if position < len(params) else str(position),
+        "kernel": getattr(kernel, "key", "?"),
+        "read_at": f"{site[0]}:{site[1]}",
+        "written_by": write,
+        "written_at": written_at,
+        "shape": list(watched.array.shape),
+        "dtype": getattr(watched.array.dtype, "__name__", str(watched.array.dtype)),
+    }
+
+
+def _user_frame() -> tuple[str, int]:
+    """The file name and line of the launch's caller, outside Warp and this package."""
+    frame = sys._getframe(3)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
+        ("warp.", "autograd_guard.", "wrapt")
+    ):
+        frame = frame.f_back
+    return frame.f_code.co_filename.rpartition("/")[2], frame.f_lineno
+
+
+GUARD = WarpTape
