@@ -37,6 +37,7 @@ import sys
 import weakref
 
 from autograd_guard.guard import Call, Guard, Target, argument
+from autograd_guard.guards.warp_tape import reads as _reads
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,23 +47,10 @@ if TYPE_CHECKING:
 # Positions in wp.launch(kernel, dim, inputs, outputs, adj_inputs, adj_outputs, device,
 # stream, adjoint, record_tape, ...) and wp.copy(dest, src, ...), the same from 1.0 to 1.19.
 INPUTS, OUTPUTS, ADJOINT, RECORD_TAPE = 2, 3, 8, 9
-RECORDED_INPUTS = 3  # in a recorded launch: [kernel, dim, max_blocks, inputs, outputs, ...]
 REMEDY = (
     "leave the arrays that a recorded launch reads unchanged until tape.backward() "
     "(write into a fresh array), or call tape.backward() before the write"
 )
-
-
-class _Watched:
-    """An array read by recorded launches of one tape: the contents it had before each
-    write (``versions``), and each read as (launch index, version, input position, site)."""
-
-    __slots__ = ("array", "reads", "versions")
-
-    def __init__(self, array: Any) -> None:
-        self.array = array
-        self.versions: list[tuple[Any, str, str, bool]] = []  # (copy, write, site, exposed)
-        self.reads: list[tuple[int, int, int, tuple[str, int]]] = []
 
 
 class WarpTape(Guard):
@@ -78,13 +66,13 @@ class WarpTape(Guard):
             for module in ("warp.context", "warp._src.context")
         ),
         *(
-            Target(module, "copy", aliases=("warp:copy",), check="_copy_check", handle="_copy")
+            Target(module, "copy", aliases=("warp:copy",), check="_write_check", handle="_write")
             for module in ("warp.context", "warp._src.context")
         ),
         # wp.array's methods, through the package: the class lives in warp.types up to
         # 1.9 and in warp._src.types since, and the shim warp.types no longer exports it
         *(
-            Target("warp", f"array.{method}", check="_method_check", handle="_method")
+            Target("warp", f"array.{method}", check="_write_check", handle="_write")
             for method in ("assign", "fill_", "zero_", "numpy")
         ),
         *(
@@ -98,9 +86,9 @@ class WarpTape(Guard):
         super().__init__(*args)
         self._context: Any = None  # holds `runtime` (set by wp.init()), whose `tape` records
         self._array: type | None = None
-        self._tapes: Any = weakref.WeakKeyDictionary()  # tape -> {id(array): _Watched}
-        self._last: tuple[Any, dict[int, _Watched]] | None = None  # (weakref(tape), reads)
-        self._watched: dict[int, list[_Watched]] = {}  # id(array) -> every tape's
+        self._tapes: Any = weakref.WeakKeyDictionary()  # tape -> {id(array): _reads.Watched}
+        self._last: tuple[Any, dict[int, _reads.Watched]] | None = None  # (weakref(tape), reads)
+        self._watched: dict[int, list[_reads.Watched]] = {}  # id(array) -> every tape's
         self._replay: dict[int, list[dict[int, Any]]] | None = None  # fix, in backward()
         self._busy = False  # the guard's own copies
 
@@ -113,9 +101,8 @@ class WarpTape(Guard):
     # -- wp.launch: reads, writes, and the adjoints in a backward() being fixed ----------
 
     def _launch_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        # Every wp.launch passes here. Reads are noted in the check itself: a Call and a
-        # handler per recorded launch would cost more than the note.
-        # Plain lookups, not argument(): this runs on every launch.
+        # Every wp.launch passes here: plain lookups. Reads are noted in the check itself:
+        # a Call and a handler per recorded launch would cost more than the note.
         if self._busy:
             return False
         adjoint = (
@@ -140,8 +127,6 @@ class WarpTape(Guard):
         return False
 
     def _note_reads(self, tape: Any, inputs: Any) -> None:
-        if not inputs:
-            return
         last = self._last
         if last is not None and last[0]() is tape:
             arrays = last[1]
@@ -156,14 +141,14 @@ class WarpTape(Guard):
                 continue
             watched = arrays.get(id(value))
             if watched is None:
-                watched = arrays[id(value)] = _Watched(value)
+                watched = arrays[id(value)] = _reads.Watched(value)
                 self._watched.setdefault(id(value), []).append(watched)
-            site = site or _user_frame()
+            site = site or _reads.user_frame()
             watched.reads.append((index, len(watched.versions), position, site))
 
     def _changes_any(self, arrays: Any) -> bool:
         watched = self._watched
-        return any(_fresh(w) for a in arrays if id(a) in watched for w in watched[id(a)])
+        return any(_reads.fresh(w) for a in arrays if id(a) in watched for w in watched[id(a)])
 
     def handle(self, call: Call) -> Any:
         if self._replay is not None:
@@ -186,27 +171,23 @@ class WarpTape(Guard):
 
     # -- the other writes ------------------------------------------------------------------
 
-    def _copy_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        dest = argument(args, kwargs, "dest", 0)
-        return bool(self._watched) and not self._busy and self._changes_any((dest,))
+    def _write_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        # wp.copy (a function: its destination) and the array methods (their instance)
+        array = instance if instance is not None else argument(args, kwargs, "dest", 0)
+        return bool(self._watched) and not self._busy and self._changes_any((array,))
 
-    def _copy(self, call: Call) -> Any:
-        self._before_write(call.argument("dest", 0), "wp.copy (its destination)", call)
-        return call.proceed()
-
-    def _method_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        return bool(self._watched) and not self._busy and self._changes_any((instance,))
-
-    def _method(self, call: Call) -> Any:
+    def _write(self, call: Call) -> Any:
         method = call.target.qualname.rpartition(".")[2]
-        if method != "numpy":
+        if call.instance is None:
+            self._before_write(call.argument("dest", 0), "wp.copy (its destination)", call)
+        elif method != "numpy":
             self._before_write(call.instance, f"array.{method}()", call)
         elif call.instance.device.is_cpu:  # a view the caller may write through
             self._before_write(call.instance, "a write through array.numpy()", call, True)
         return call.proceed()
 
     def _before_write(self, array: Any, write: str, call: Call, exposed: bool = False) -> None:
-        changed = [w for w in self._watched.get(id(array), ()) if _fresh(w)]
+        changed = [w for w in self._watched.get(id(array), ()) if _reads.fresh(w)]
         if not changed or getattr(array.device, "is_capturing", False):
             return  # a graph capture runs nothing now; its replays are not seen either
         copy = self._copy_of(array)
@@ -232,12 +213,12 @@ class WarpTape(Guard):
         arrays = self._forget(call.instance)
         self._busy = True  # comparing .numpy() views calls .numpy()
         try:
-            stale = [item for watched in arrays.values() for item in _stale(watched)]
+            stale = [item for watched in arrays.values() for item in _reads.stale(watched)]
         finally:
             self._busy = False
         if not stale:
             return call.proceed()
-        described = [_describe(call.instance.launches, *item) for item in stale]
+        described = [_reads.describe(call.instance.launches, *item) for item in stale]
         first = described[0]
         more = f" and {len(described) - 1} more" if len(described) > 1 else ""
         fixing = self.report(
@@ -252,7 +233,7 @@ class WarpTape(Guard):
         )
         if not fixing:
             return call.proceed()
-        self._replay = _replay_plan(call.instance.launches, stale)
+        self._replay = _reads.replay_plan(call.instance.launches, stale)
         try:
             return call.proceed()
         finally:
@@ -262,7 +243,7 @@ class WarpTape(Guard):
         self._forget(call.instance)
         return call.proceed()
 
-    def _forget(self, tape: Any) -> dict[int, _Watched]:
+    def _forget(self, tape: Any) -> dict[int, _reads.Watched]:
         arrays = self._tapes.pop(tape, None) or {}
         self._last = None
         for key, watched in arrays.items():
@@ -272,73 +253,6 @@ class WarpTape(Guard):
             else:
                 self._watched.pop(key, None)
         return arrays
-
-
-def _fresh(watched: _Watched) -> bool:
-    """The array was read since its last write: the next write must copy it first."""
-    return watched.reads[-1][1] == len(watched.versions)
-
-
-def _stale(watched: _Watched) -> list[tuple[_Watched, int, int, int, tuple[str, int]]]:
-    """Each read whose contents have changed since: (watched, launch, version, position,
-    site). A ``.numpy()`` view that was not written through changed nothing."""
-    versions = watched.versions
-    changed = []
-    for version, (copy, _, _, exposed) in enumerate(versions):
-        after = versions[version + 1][0] if version + 1 < len(versions) else watched.array
-        changed.append(not exposed or not _same(copy, after))
-    return [
-        (watched, index, version, position, site)
-        for index, version, position, site in watched.reads
-        if any(changed[version:])
-    ]
-
-
-def _same(a: Any, b: Any) -> bool:
-    return bool((a.numpy() == b.numpy()).all())
-
-
-def _replay_plan(launches: list[Any], stale: list[Any]) -> dict[int, list[dict[int, Any]]]:
-    """For each recorded launch's inputs list, in backward's (reverse) order, the inputs
-    to give its adjoint: ``{position: the copy of what it read}``."""
-    given: dict[int, dict[int, Any]] = {}
-    for watched, index, version, position, _ in stale:
-        given.setdefault(index, {})[position] = watched.versions[version][0]
-    lists = {id(launches[index][RECORDED_INPUTS]) for index in given if index < len(launches)}
-    plan: dict[int, list[dict[int, Any]]] = {}
-    for index in reversed(range(len(launches))):
-        entry = launches[index]
-        if not callable(entry) and id(entry[RECORDED_INPUTS]) in lists:
-            plan.setdefault(id(entry[RECORDED_INPUTS]), []).append(given.get(index, {}))
-    return plan
-
-
-def _describe(
-    launches: list[Any], watched: _Watched, index: int, version: int, position: int, site: Any
-) -> dict[str, Any]:
-    entry = launches[index] if index < len(launches) else None
-    kernel = entry[0] if entry is not None and not callable(entry) else None
-    params = kernel.adj.args if kernel is not None else ()
-    _, write, written_at, _ = watched.versions[version]
-    return {
-        "argument": params[position].label if position < len(params) else str(position),
-        "kernel": getattr(kernel, "key", "?"),
-        "read_at": f"{site[0]}:{site[1]}",
-        "written_by": write,
-        "written_at": written_at,
-        "shape": list(watched.array.shape),
-        "dtype": getattr(watched.array.dtype, "__name__", str(watched.array.dtype)),
-    }
-
-
-def _user_frame() -> tuple[str, int]:
-    """The file name and line of the launch's caller, outside Warp and this package."""
-    frame = sys._getframe(3)
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
-        ("warp.", "autograd_guard.", "wrapt")
-    ):
-        frame = frame.f_back
-    return frame.f_code.co_filename.rpartition("/")[2], frame.f_lineno
 
 
 GUARD = WarpTape
