@@ -4,9 +4,10 @@ Symptom: the adjoint of a tape-recorded ``wp.copy`` (and so of ``wp.clone`` and
 ``array.assign``) *assigns* the destination's gradient to the source's, and never
 consumes the destination's. When the source is also read by a later launch, that
 launch's gradient contribution is overwritten (often to exactly zero); a write that
-the copy made dead leaks its gradient. The gradients are wrong but finite, silently;
-iterated (``out = wp.clone(q); step(q, out); q = out``) they grow by orders of
-magnitude and the fit goes to NaN.
+the copy made dead leaks its gradient. The gradients are wrong but finite, silently:
+iterated (``out = wp.clone(q); step(q, out); q = out``) the gradient through the
+copies comes out exactly zero on 1.16 and the fit never moves (in the upstream report,
+it went to NaN).
 Affected: warp-lang 1.1.0 (copies became differentiable) to 1.16.x; fixed in 1.17.0.
 Checked on 1.5.1 and 1.16.0 (affected) and 1.17.0 and 1.19.0 (fixed).
 Upstream: NVIDIA/warp#1728, "Tape-recorded wp.copy() / wp.clone() / array.assign()

@@ -85,10 +85,9 @@ class WarpTape(Guard):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._context: Any = None  # holds `runtime` (set by wp.init()), whose `tape` records
-        self._array: type | None = None
-        self._tapes: Any = weakref.WeakKeyDictionary()  # tape -> {id(array): _reads.Watched}
-        self._last: tuple[Any, dict[int, _reads.Watched]] | None = None  # (weakref(tape), reads)
-        self._watched: dict[int, list[_reads.Watched]] = {}  # id(array) -> every tape's
+        self._array: Any = None  # wp.array
+        self._tapes: Any = weakref.WeakKeyDictionary()  # tape -> TapeReads
+        self._live: list[_reads.TapeReads] = []  # of the tapes not yet backward()
         self._replay: dict[int, list[dict[int, Any]]] | None = None  # fix, in backward()
         self._busy = False  # the guard's own copies
 
@@ -120,35 +119,30 @@ class WarpTape(Guard):
             )
             inputs = kwargs["inputs"] if "inputs" in kwargs else args[INPUTS : INPUTS + 1]
             if record and inputs:
-                self._note_reads(tape, inputs if "inputs" in kwargs else inputs[0])
-        if self._watched:
+                reads = self._live[-1] if self._live else None
+                if reads is None or reads.tape() is not tape:
+                    reads = self._reads_of(tape)
+                inputs = inputs if "inputs" in kwargs else inputs[0]
+                site = _reads.caller(sys._getframe(1))
+                reads.note(len(tape.launches), inputs, self._array, site)
+        if self._live:
             outputs = argument(args, kwargs, "outputs", OUTPUTS, None)
             return bool(outputs) and self._changes_any(outputs)
         return False
 
-    def _note_reads(self, tape: Any, inputs: Any) -> None:
-        last = self._last
-        if last is not None and last[0]() is tape:
-            arrays = last[1]
-        else:
-            arrays = self._tapes.get(tape)
-            if arrays is None:
-                arrays = self._tapes[tape] = {}
-            self._last = (weakref.ref(tape), arrays)
-        index, site, array = len(tape.launches), None, self._array
-        for position, value in enumerate(inputs):
-            if type(value) is not array and not isinstance(value, array):  # type: ignore[arg-type]
-                continue
-            watched = arrays.get(id(value))
-            if watched is None:
-                watched = arrays[id(value)] = _reads.Watched(value)
-                self._watched.setdefault(id(value), []).append(watched)
-            site = site or _reads.user_frame()
-            watched.reads.append((index, len(watched.versions), position, site))
+    def _reads_of(self, tape: Any) -> _reads.TapeReads:
+        reads: _reads.TapeReads | None = self._tapes.get(tape)
+        if reads is None:  # a tape dropped without backward() drops its reads
+            reads = self._tapes[tape] = _reads.TapeReads(tape)
+            weakref.finalize(tape, self._drop, reads)
+        if reads in self._live:
+            self._live.remove(reads)
+        self._live.append(reads)  # the recording one last
+        return reads
 
     def _changes_any(self, arrays: Any) -> bool:
-        watched = self._watched
-        return any(_reads.fresh(w) for a in arrays if id(a) in watched for w in watched[id(a)])
+        live = self._live
+        return any(id(a) in reads.fresh for a in arrays for reads in live)
 
     def handle(self, call: Call) -> Any:
         if self._replay is not None:
@@ -174,7 +168,7 @@ class WarpTape(Guard):
     def _write_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         # wp.copy (a function: its destination) and the array methods (their instance)
         array = instance if instance is not None else argument(args, kwargs, "dest", 0)
-        return bool(self._watched) and not self._busy and self._changes_any((array,))
+        return bool(self._live) and not self._busy and self._changes_any((array,))
 
     def _write(self, call: Call) -> Any:
         method = call.target.qualname.rpartition(".")[2]
@@ -187,12 +181,14 @@ class WarpTape(Guard):
         return call.proceed()
 
     def _before_write(self, array: Any, write: str, call: Call, exposed: bool = False) -> None:
-        changed = [w for w in self._watched.get(id(array), ()) if _reads.fresh(w)]
+        key = id(array)
+        changed = [reads for reads in self._live if key in reads.fresh]
         if not changed or getattr(array.device, "is_capturing", False):
             return  # a graph capture runs nothing now; its replays are not seen either
         copy = self._copy_of(array)
-        for watched in changed:
-            watched.versions.append((copy, write, call.callsite, exposed))
+        for reads in changed:
+            del reads.fresh[key]
+            reads.versions.setdefault(key, []).append((copy, write, call.callsite, exposed))
 
     def _copy_of(self, array: Any) -> Any:
         warp, runtime = sys.modules["warp"], self._context.runtime
@@ -210,15 +206,17 @@ class WarpTape(Guard):
         return instance in self._tapes
 
     def _backward(self, call: Call) -> Any:
-        arrays = self._forget(call.instance)
+        reads = self._tapes.pop(call.instance)
+        self._drop(reads)
         self._busy = True  # comparing .numpy() views calls .numpy()
         try:
-            stale = [item for watched in arrays.values() for item in _reads.stale(watched)]
+            stale = reads.stale()
         finally:
             self._busy = False
         if not stale:
             return call.proceed()
-        described = [_reads.describe(call.instance.launches, *item) for item in stale]
+        launches = call.instance.launches
+        described = [_reads.describe(launches, reads, read) for read in stale]
         first = described[0]
         more = f" and {len(described) - 1} more" if len(described) > 1 else ""
         fixing = self.report(
@@ -233,26 +231,19 @@ class WarpTape(Guard):
         )
         if not fixing:
             return call.proceed()
-        self._replay = _reads.replay_plan(call.instance.launches, stale)
+        self._replay = _reads.replay_plan(launches, reads, stale)
         try:
             return call.proceed()
         finally:
             self._replay = None
 
     def _reset(self, call: Call) -> Any:
-        self._forget(call.instance)
+        self._drop(self._tapes.pop(call.instance, None))
         return call.proceed()
 
-    def _forget(self, tape: Any) -> dict[int, _reads.Watched]:
-        arrays = self._tapes.pop(tape, None) or {}
-        self._last = None
-        for key, watched in arrays.items():
-            others = [w for w in self._watched.get(key, ()) if w is not watched]
-            if others:
-                self._watched[key] = others
-            else:
-                self._watched.pop(key, None)
-        return arrays
+    def _drop(self, reads: _reads.TapeReads | None) -> None:
+        if reads in self._live:
+            self._live.remove(reads)
 
 
 GUARD = WarpTape

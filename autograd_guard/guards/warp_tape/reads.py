@@ -1,56 +1,83 @@
-"""What ``warp_tape`` keeps of a recording tape: for each array its launches read, the
-reads and the contents it had before each write; and, at ``backward()``, the reads whose
-contents changed, how to name them, and the inputs each adjoint is given back."""
+"""What ``warp_tape`` keeps of a recording tape: each read of an array by a recorded
+launch, and the contents an array had before each write; at ``backward()``, the reads
+whose contents changed since, how to name them, and the inputs each adjoint is given."""
 
 from __future__ import annotations
 
-import sys
+import os
+import weakref
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from types import CodeType, FrameType
     from typing import Any
+
+    # (launch index, input position, array, (code, instruction) of the caller, version)
+    Read = tuple[int, int, Any, tuple[CodeType, int], int]
+    Version = tuple[Any, str, str, bool]  # (copy, the write, its call site, a .numpy() view)
 
 RECORDED_INPUTS = 3  # in a recorded launch: [kernel, dim, max_blocks, inputs, outputs, ...]
 
 
-class Watched:
-    """An array read by recorded launches of one tape: the contents it had before each
-    write (``versions``), and each read as (launch index, version, input position, site)."""
+class TapeReads:
+    """One recording tape's reads: ``log`` in order, ``fresh`` (the arrays read since
+    their last write, by id: the next write copies them first) and ``versions`` (by id,
+    the contents before each write)."""
 
-    __slots__ = ("array", "reads", "versions")
+    __slots__ = ("fresh", "log", "tape", "versions")
 
-    def __init__(self, array: Any) -> None:
-        self.array = array
-        self.versions: list[tuple[Any, str, str, bool]] = []  # (copy, write, site, exposed)
-        self.reads: list[tuple[int, int, int, tuple[str, int]]] = []
+    def __init__(self, tape: Any) -> None:
+        self.tape = weakref.ref(tape)
+        self.log: list[Read] = []
+        self.fresh: dict[int, Any] = {}
+        self.versions: dict[int, list[Version]] = {}
+
+    def note(self, index: int, inputs: Any, array: Any, site: tuple[CodeType, int]) -> None:
+        log, fresh, versions = self.log, self.fresh, self.versions
+        for position, value in enumerate(inputs):
+            if type(value) is array or isinstance(value, array):
+                key = id(value)
+                fresh[key] = value
+                log.append((index, position, value, site, len(versions.get(key, ()))))
+
+    def stale(self) -> list[Read]:
+        """The reads whose contents have changed since. A ``.numpy()`` view that was not
+        written through changed nothing."""
+        changed: dict[int, list[bool]] = {}
+        for key, versions in self.versions.items():
+            array = next(r[2] for r in self.log if id(r[2]) == key)
+            after = [v[0] for v in versions[1:]] + [array]
+            changed[key] = [
+                not exposed or not (copy.numpy() == later.numpy()).all()
+                for (copy, _, _, exposed), later in zip(versions, after, strict=True)
+            ]
+        return [read for read in self.log if any(changed.get(id(read[2]), ())[read[4] :])]
 
 
-def fresh(watched: Watched) -> bool:
-    """The array was read since its last write: the next write must copy it first."""
-    return watched.reads[-1][1] == len(watched.versions)
+def caller(frame: FrameType) -> tuple[CodeType, int]:
+    """The launch's caller, above the wrappers (a line is worked out only for a report)."""
+    while frame.f_code.co_name.startswith("autograd_guard_") and frame.f_back is not None:
+        frame = frame.f_back
+    return frame.f_code, frame.f_lasti
 
 
-def stale(watched: Watched) -> list[tuple[Watched, int, int, int, tuple[str, int]]]:
-    """Each read whose contents have changed since: (watched, launch, version, position,
-    site). A ``.numpy()`` view that was not written through changed nothing."""
-    versions = watched.versions
-    changed = []
-    for version, (copy, _, _, exposed) in enumerate(versions):
-        after = versions[version + 1][0] if version + 1 < len(versions) else watched.array
-        changed.append(not exposed or not (copy.numpy() == after.numpy()).all())
-    return [
-        (watched, index, version, position, site)
-        for index, version, position, site in watched.reads
-        if any(changed[version:])
-    ]
+def line(site: tuple[CodeType, int]) -> str:
+    code, offset = site
+    number = code.co_firstlineno
+    for start, end, found in code.co_lines():
+        if start <= offset < end and found is not None:
+            number = found
+    return f"{os.path.basename(code.co_filename)}:{number}"
 
 
-def replay_plan(launches: list[Any], stale: list[Any]) -> dict[int, list[dict[int, Any]]]:
+def replay_plan(
+    launches: list[Any], reads: TapeReads, stale: list[Read]
+) -> dict[int, list[dict[int, Any]]]:
     """For each recorded launch's inputs list, in backward's (reverse) order, the inputs
     to give its adjoint: ``{position: the copy of what it read}``."""
     given: dict[int, dict[int, Any]] = {}
-    for watched, index, version, position, _ in stale:
-        given.setdefault(index, {})[position] = watched.versions[version][0]
+    for index, position, array, _, version in stale:
+        given.setdefault(index, {})[position] = reads.versions[id(array)][version][0]
     lists = {id(launches[index][RECORDED_INPUTS]) for index in given if index < len(launches)}
     plan: dict[int, list[dict[int, Any]]] = {}
     for index in reversed(range(len(launches))):
@@ -60,28 +87,17 @@ def replay_plan(launches: list[Any], stale: list[Any]) -> dict[int, list[dict[in
     return plan
 
 
-def describe(launches: list[Any], watched: Watched, *read: Any) -> dict[str, Any]:
-    index, version, position, site = read
+def describe(launches: list[Any], reads: TapeReads, read: Read) -> dict[str, Any]:
+    index, position, array, site, version = read
     kernel = launches[index][0] if index < len(launches) else None
     params = getattr(getattr(kernel, "adj", None), "args", ())
-    _, write, written_at, _ = watched.versions[version]
-    array = watched.array
+    _, write, written_at, _ = reads.versions[id(array)][version]
     return {
         "argument": params[position].label if position < len(params) else str(position),
         "kernel": getattr(kernel, "key", "?"),
-        "read_at": f"{site[0]}:{site[1]}",
+        "read_at": line(site),
         "written_by": write,
         "written_at": written_at,
         "shape": list(array.shape),
         "dtype": getattr(array.dtype, "__name__", str(array.dtype)),
     }
-
-
-def user_frame() -> tuple[str, int]:
-    """The file name and line of the launch's caller, outside Warp and this package."""
-    frame = sys._getframe(3)
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
-        ("warp.", "autograd_guard.", "wrapt")
-    ):
-        frame = frame.f_back
-    return frame.f_code.co_filename.rpartition("/")[2], frame.f_lineno
