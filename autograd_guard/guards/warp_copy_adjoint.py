@@ -17,8 +17,10 @@ that 1.17 gives it: the destination window's gradient is *added* into the source
 window's, then zeroed (unless the destination has ``retain_grad``). Only copies whose
 adjoint the guard can do exactly are replaced: same device, both arrays contiguous, the
 same dtype, memory that does not overlap. Any other recorded copy keeps Warp's adjoint
-and is named. On CPU the adjoint works on the gradients' NumPy views; on CUDA on their
-torch views (``wp.to_torch``), after synchronizing the device.
+and is named, as is a copy recorded while a CUDA graph is captured. On CPU the adjoint
+works on the gradients' NumPy views; on CUDA on their torch views (``wp.to_torch``),
+synchronizing the device around it (so a backward() captured in a CUDA graph cannot
+run it: record such copies with a kernel of your own).
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ def _out_of_reach(dest: Any, src: Any) -> str:
     """Why the guard cannot do this copy's adjoint exactly ("" where it can)."""
     if dest.device != src.device:
         return "the arrays are on different devices"
+    if getattr(dest.device, "is_capturing", False):
+        return "a CUDA graph is being captured, and the remedy synchronizes the device"
     if not (dest.is_contiguous and src.is_contiguous):
         return "an array is not contiguous"
     if dest.dtype is not src.dtype:
