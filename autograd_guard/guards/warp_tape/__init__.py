@@ -126,7 +126,9 @@ class WarpTape(Guard):
                 site = _reads.caller(sys._getframe(1))
                 reads.note(len(tape.launches), inputs, self._array, site)
         if self._live:
-            outputs = argument(args, kwargs, "outputs", OUTPUTS, None)
+            outputs = kwargs["outputs"] if "outputs" in kwargs else args[OUTPUTS : OUTPUTS + 1]
+            if outputs and "outputs" not in kwargs:
+                outputs = outputs[0]
             return bool(outputs) and self._changes_any(outputs)
         return False
 
@@ -142,7 +144,12 @@ class WarpTape(Guard):
 
     def _changes_any(self, arrays: Any) -> bool:
         live = self._live
-        return any(id(a) in reads.fresh for a in arrays for reads in live)
+        for array in arrays:  # loops, not any(): a generator costs more here
+            key = id(array)
+            for reads in live:
+                if key in reads.fresh:
+                    return True
+        return False
 
     def handle(self, call: Call) -> Any:
         if self._replay is not None:
@@ -186,9 +193,10 @@ class WarpTape(Guard):
         if not changed or getattr(array.device, "is_capturing", False):
             return  # a graph capture runs nothing now; its replays are not seen either
         copy = self._copy_of(array)
+        site = _reads.caller(sys._getframe(2))  # above the handler and the wrappers
         for reads in changed:
             del reads.fresh[key]
-            reads.versions.setdefault(key, []).append((copy, write, call.callsite, exposed))
+            reads.versions.setdefault(key, []).append((copy, write, site, exposed))
 
     def _copy_of(self, array: Any) -> Any:
         warp, runtime = sys.modules["warp"], self._context.runtime

@@ -14,8 +14,10 @@ if TYPE_CHECKING:
 
     # (launch index, input position, array, (code, instruction) of the caller, version)
     Read = tuple[int, int, Any, tuple[CodeType, int], int]
-    Version = tuple[Any, str, str, bool]  # (copy, the write, its call site, a .numpy() view)
+    # (copy, the write, (code, instruction) of its caller, a .numpy() view)
+    Version = tuple[Any, str, tuple[CodeType, int], bool]
 
+OWN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 RECORDED_INPUTS = 3  # in a recorded launch: [kernel, dim, max_blocks, inputs, outputs, ...]
 
 
@@ -55,8 +57,9 @@ class TapeReads:
 
 
 def caller(frame: FrameType) -> tuple[CodeType, int]:
-    """The launch's caller, above the wrappers (a line is worked out only for a report)."""
-    while frame.f_code.co_name.startswith("autograd_guard_") and frame.f_back is not None:
+    """The first caller at or above ``frame`` outside this package (its wrappers and
+    proxies); a line is worked out from it only for a report."""
+    while frame.f_code.co_filename.startswith(OWN) and frame.f_back is not None:
         frame = frame.f_back
     return frame.f_code, frame.f_lasti
 
@@ -97,7 +100,7 @@ def describe(launches: list[Any], reads: TapeReads, read: Read) -> dict[str, Any
         "kernel": getattr(kernel, "key", "?"),
         "read_at": line(site),
         "written_by": write,
-        "written_at": written_at,
+        "written_at": line(written_at),
         "shape": list(array.shape),
         "dtype": getattr(array.dtype, "__name__", str(array.dtype)),
     }
