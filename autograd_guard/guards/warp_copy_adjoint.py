@@ -29,6 +29,9 @@ import sys
 
 from autograd_guard.guard import Call, Guard, Target, argument
 
+# Where wp.launch, wp.copy and `runtime` (whose `tape` records) live: warp.context up to
+# 1.9, warp._src.context since (warp.context is then a shim that holds no runtime).
+CONTEXTS = ("warp.context", "warp._src.context")
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
@@ -45,17 +48,14 @@ class WarpCopyAdjoint(Guard):
     symptom = "tape.backward() gives a recorded wp.copy the wrong adjoint (assigned, not added)"
     upstream = "https://github.com/NVIDIA/warp/issues/1728"
     remedy = "copy with a kernel of your own on the tape, or upgrade warp-lang to 1.17 or later"
-    targets = tuple(
-        Target(module, "copy", aliases=("warp:copy",))
-        for module in ("warp.context", "warp._src.context")
-    )
+    targets = tuple(Target(module, "copy", aliases=("warp:copy",)) for module in CONTEXTS)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._context: Any = None  # holds `runtime` (set by wp.init()), whose `tape` records
 
     def _attach(self, module: ModuleType, target: Target | None) -> None:
-        if hasattr(module, "runtime") and (self._context is None or "_src" in module.__name__):
+        if module.__name__ in CONTEXTS and (self._context is None or "_src" in module.__name__):
             self._context = module
 
     def risky(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

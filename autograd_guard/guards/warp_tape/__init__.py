@@ -39,6 +39,9 @@ import weakref
 from autograd_guard.guard import Call, Guard, Target, argument
 from autograd_guard.guards.warp_tape import reads as _reads
 
+# Where wp.launch, wp.copy and `runtime` (whose `tape` records) live: warp.context up to
+# 1.9, warp._src.context since (warp.context is then a shim that holds no runtime).
+CONTEXTS = ("warp.context", "warp._src.context")
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
@@ -63,11 +66,11 @@ class WarpTape(Guard):
     targets = (
         *(
             Target(module, "launch", aliases=("warp:launch",), check="_launch_check")
-            for module in ("warp.context", "warp._src.context")
+            for module in CONTEXTS
         ),
         *(
             Target(module, "copy", aliases=("warp:copy",), check="_write_check", handle="_write")
-            for module in ("warp.context", "warp._src.context")
+            for module in CONTEXTS
         ),
         # wp.array's methods, through the package: the class lives in warp.types up to
         # 1.9 and in warp._src.types since, and the shim warp.types no longer exports it
@@ -92,7 +95,7 @@ class WarpTape(Guard):
         self._busy = False  # the guard's own copies
 
     def _attach(self, module: ModuleType, target: Target | None) -> None:
-        if hasattr(module, "runtime") and (self._context is None or "_src" in module.__name__):
+        if module.__name__ in CONTEXTS and (self._context is None or "_src" in module.__name__):
             self._context = module
         if module.__name__ == "warp":
             self._array = module.array
