@@ -33,10 +33,13 @@ def arr(values, grad=False):
 """
 
 # One tape per write: y, read by sq_loss, is overwritten before backward() by each of the
-# writes the guard sees. The gradient of the program as written is that of x and t.
+# writes the guard sees, one of them a launch recorded on the same tape. The gradient of
+# the program as written is that of x and t.
+KINDS = ["launch", "recorded launch", "copy", "assign", "fill_", "zero_", "numpy"]
 WRITES = (
     PREAMBLE
     + KERNELS
+    + f"KINDS = {KINDS!r}"
     + """
 import numpy as np
 x, t, xv = arr([1.0, 2.0, 3.0]), arr([2.0, 4.0, 7.0]), arr([10.0, 20.0, 30.0])
@@ -58,7 +61,7 @@ def overwrite(kind, y, w):
         float(y.numpy().sum())  # a view, read only
 
 result = {}
-for kind in ["none", "launch", "copy", "assign", "fill_", "zero_", "numpy", "numpy read"]:
+for kind in ["none", *KINDS, "numpy read"]:
     w, y, loss = arr([1.0, 0.5], True), arr([0.0] * 3, True), arr([0.0], True)
     tape = wp.Tape()
     with capture_events() as events:
@@ -66,6 +69,8 @@ for kind in ["none", "launch", "copy", "assign", "fill_", "zero_", "numpy", "num
             with tape:
                 wp.launch(predict, 3, inputs=[w, x], outputs=[y])
                 wp.launch(sq_loss, 3, inputs=[y, t], outputs=[loss])  # READ
+                if kind == "recorded launch":
+                    wp.launch(predict, 3, inputs=[w, xv], outputs=[y])  # WRITE
             overwrite(kind, y, w)
             current = y.numpy().tolist()
             tape.backward(loss)  # BACKWARD
@@ -78,14 +83,13 @@ print(json.dumps(result, default=str))
 """
 )
 REFERENCE = [-28.0, -11.0]  # d/dw sum((w0 x + w1 - t)^2) at w = (1, 0.5), x and t above
-KINDS = ["launch", "copy", "assign", "fill_", "zero_", "numpy"]
 
 
 def line(marker: str, kind: str = "") -> str:
     lines = WRITES.splitlines()
     found = [i for i, text in enumerate(lines, 1) if marker in text]
-    if kind:
-        found = [i for i in found if kind in lines[i - 2] or f'"{kind}"' in lines[i - 2]]
+    if kind:  # the line above a write names its kind
+        found = [i for i in found if f'"{kind}"' in lines[i - 2]]
     return f"repro.py:{found[0]}"
 
 
