@@ -145,12 +145,16 @@ def test_observe_names_the_write_and_strict_raises_at_backward(tmp_path, warp_ca
 # Warp's own idioms: buffers reused after backward(), tape.zero() and tape.reset(),
 # accumulation across launches with wp.atomic_add, a write then a read in one tape, a
 # second tape that does not read what the first one's arrays became.
+# The arrays of one small fit, made by the scripts below.
+ARRAYS = """
+x, t = arr([1.0, 2.0, 3.0]), arr([2.0, 4.0, 7.0])
+w, y, loss = arr([1.0, 0.5], True), arr([0.0] * 3, True), arr([0.0], True)
+"""
 IDIOMS = (
     PREAMBLE
     + KERNELS
+    + ARRAYS
     + """
-x, t = arr([1.0, 2.0, 3.0]), arr([2.0, 4.0, 7.0])
-w, y, loss = arr([1.0, 0.5], True), arr([0.0] * 3, True), arr([0.0], True)
 history = []
 with capture_events() as events:
     tape = wp.Tape()
@@ -242,3 +246,41 @@ def test_fit_under_fix_is_the_fit_with_fresh_buffers(tmp_path, warp_cache, versi
     assert fixed["reused"][1] == pytest.approx(loss_ref, rel=1e-5, abs=1e-7)
     assert {e["action"] for e in fixed["events"]} == {"overwritten"}
     assert len(fixed["events"]) == 1  # one event per call site, not per step
+
+
+# Warp records the frame that called wp.launch as each launch's caller (its tape
+# visualisation names it): the guard's wrappers must not take its place, on a plain
+# recorded launch, one that overwrites what an earlier one read (the guard handles it),
+# and one that Warp itself launches (warp.optim's SGD step, recorded on purpose here).
+CALLERS = (
+    PREAMBLE
+    + KERNELS
+    + ARRAYS
+    + """
+import warp.optim
+
+def forward(tape):
+    with tape:
+        wp.launch(predict, 3, inputs=[w, x], outputs=[y])
+        wp.launch(sq_loss, 3, inputs=[y, t], outputs=[loss])
+        wp.launch(predict, 3, inputs=[w, t], outputs=[y])  # overwrites what sq_loss read
+        warp.optim.SGD([w], lr=0.0).step([w.grad])
+
+with capture_events() as events:
+    tape = wp.Tape()
+    forward(tape)
+    callers = [entry[-1].get("caller") if isinstance(entry, list) else None
+               for entry in tape.launches]
+print(json.dumps({"callers": callers}))
+"""
+)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_warp_records_the_users_frame_as_each_launchs_caller(tmp_path, warp_cache, version):
+    unguarded = run(version, None, tmp_path, warp_cache, script=CALLERS)["callers"]
+    assert [c["func"] for c in unguarded[:3]] == ["forward"] * 3
+    assert "optim" in unguarded[3]["file"]  # Warp's own launch names Warp's frame
+    for mode in ("observe", "fix", "strict"):
+        guarded = run(version, {"mode": mode}, tmp_path, warp_cache, script=CALLERS)
+        assert guarded["callers"] == unguarded, mode

@@ -20,7 +20,8 @@ with their lines; ``strict`` raises there; ``fix`` gives each recorded launch's 
 the copy of what it read, so that the gradient is that of the program as written (as if
 every write had gone to a fresh buffer). The arrays' current contents are never touched.
 Reads are forgotten at ``backward()`` and ``tape.reset()``: buffers reused after
-``backward()`` are Warp's own idiom and cost nothing.
+``backward()`` are Warp's own idiom and cost nothing. Warp's tape keeps each launch's
+caller (its visualisation names it) as the user's frame, not the guard's wrapper.
 
 Writes it sees: the ``outputs`` of ``wp.launch``, the destination of ``wp.copy`` (and
 so of ``wp.clone``), ``array.assign``, ``fill_`` and ``zero_``, and a host array whose
@@ -82,6 +83,12 @@ class WarpTape(Guard):
             Target(module, f"Tape.{method}", check="_tape_check", handle=f"_{method}")
             for module in ("warp.tape", "warp._src.tape")
             for method in ("backward", "reset")
+        ),
+        # Warp records the frame that called wp.launch as the launch's caller (its tape
+        # visualisation shows it): the check puts the user's frame there, not a wrapper's
+        *(
+            Target(module, "Tape.record_launch", check="_record_check")
+            for module in ("warp.tape", "warp._src.tape")
         ),
     )
 
@@ -172,6 +179,15 @@ class WarpTape(Guard):
             if given:
                 call.replace("inputs", INPUTS, [given.get(i, a) for i, a in enumerate(inputs)])
         return call.proceed()
+
+    def _record_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        # Tape.record_launch, called by wp.launch while a tape records: Warp's metadata
+        # names the frame above its launch, which a guard's wrapper is; it is given the
+        # first frame above that outside this package, as unguarded. Never handled.
+        metadata = kwargs.get("metadata")
+        if isinstance(metadata, dict) and _reads.is_own(metadata.get("caller")):
+            metadata["caller"] = _reads.user_caller(sys._getframe(1))
+        return False
 
     # -- the other writes ------------------------------------------------------------------
 
