@@ -284,3 +284,42 @@ def test_warp_records_the_users_frame_as_each_launchs_caller(tmp_path, warp_cach
     for mode in ("observe", "fix", "strict"):
         guarded = run(version, {"mode": mode}, tmp_path, warp_cache, script=CALLERS)
         assert guarded["callers"] == unguarded, mode
+
+
+# A tape kept across steps (reset each step) must not keep what its earlier steps read,
+# nor the guard's copies of it, alive: unguarded, each step's arrays are freed.
+KEPT_TAPE = (
+    PREAMBLE
+    + KERNELS
+    + """
+import gc, weakref
+tape, freed = wp.Tape(), []
+with capture_events() as events:
+    for step in range(4):
+        w, x, t = arr([1.0, 0.5], True), arr([1.0, 2.0, 3.0]), arr([2.0, 4.0, 7.0])
+        y, loss = arr([0.0] * 3, True), arr([0.0], True)
+        with tape:
+            wp.launch(predict, 3, inputs=[w, x], outputs=[y])
+            wp.launch(sq_loss, 3, inputs=[y, t], outputs=[loss])
+        t.fill_(0.0)  # overwritten after sq_loss read it
+        try:
+            tape.backward(loss)
+        except Exception:
+            pass
+        tape.reset()
+        freed.append(weakref.ref(t))
+    del t
+    gc.collect()
+print(json.dumps({"alive": [ref() is not None for ref in freed], "events": len(events)}))
+"""
+)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_kept_tape_frees_what_earlier_steps_read(tmp_path, warp_cache, version):
+    unguarded = run(version, None, tmp_path, warp_cache, script=KEPT_TAPE)
+    assert unguarded == {"alive": [False] * 4, "events": 0}
+    for mode in ("observe", "fix", "strict"):
+        guarded = run(version, {"mode": mode}, tmp_path, warp_cache, script=KEPT_TAPE)
+        assert guarded["alive"] == [False] * 4, mode
+        assert guarded["events"] >= 1, mode

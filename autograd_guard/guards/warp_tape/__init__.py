@@ -146,7 +146,7 @@ class WarpTape(Guard):
         reads: _reads.TapeReads | None = self._tapes.get(tape)
         if reads is None:  # a tape dropped without backward() drops its reads
             reads = self._tapes[tape] = _reads.TapeReads(tape)
-            weakref.finalize(tape, self._drop, reads)
+            reads.release = weakref.finalize(tape, self._drop, reads)
         if reads in self._live:
             self._live.remove(reads)
         self._live.append(reads)  # the recording one last
@@ -269,6 +269,8 @@ class WarpTape(Guard):
         return call.proceed()
 
     def _drop(self, reads: _reads.TapeReads | None) -> None:
+        if reads is not None and reads.release is not None:
+            reads.release.detach()  # else it keeps the reads' arrays and copies alive
         if reads in self._live:
             self._live.remove(reads)
 

@@ -26,10 +26,11 @@ class TapeReads:
     their last write, by id: the next write copies them first) and ``versions`` (by id,
     the contents before each write)."""
 
-    __slots__ = ("fresh", "log", "tape", "versions")
+    __slots__ = ("fresh", "log", "release", "tape", "versions")
 
     def __init__(self, tape: Any) -> None:
         self.tape = weakref.ref(tape)
+        self.release: Any = None  # the tape's finalizer, detached once these are dropped
         self.log: list[Read] = []
         self.fresh: dict[int, Any] = {}
         self.versions: dict[int, list[Version]] = {}
