@@ -84,12 +84,6 @@ class WarpTape(Guard):
             for module in ("warp.tape", "warp._src.tape")
             for method in ("backward", "reset")
         ),
-        # Warp records the frame that called wp.launch as the launch's caller (its tape
-        # visualisation shows it): the check puts the user's frame there, not a wrapper's
-        *(
-            Target(module, "Tape.record_launch", check="_record_check")
-            for module in ("warp.tape", "warp._src.tape")
-        ),
     )
 
     def __init__(self, *args: Any) -> None:
@@ -110,8 +104,8 @@ class WarpTape(Guard):
     # -- wp.launch: reads, writes, and the adjoints in a backward() being fixed ----------
 
     def _launch_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        # Every wp.launch passes here: plain lookups. Reads are noted in the check itself:
-        # a Call and a handler per recorded launch would cost more than the note.
+        # Every wp.launch passes here: plain lookups. Reads are noted in the check itself;
+        # a recorded launch is handled, so that Warp's record of its caller can be mended.
         if self._busy:
             return False
         adjoint = (
@@ -135,6 +129,8 @@ class WarpTape(Guard):
                 inputs = inputs if "inputs" in kwargs else inputs[0]
                 site = _reads.caller(sys._getframe(1))
                 reads.note(len(tape.launches), inputs, self._array, site)
+            if record:
+                return True
         if self._live:
             outputs = kwargs["outputs"] if "outputs" in kwargs else args[OUTPUTS : OUTPUTS + 1]
             if outputs and "outputs" not in kwargs:
@@ -164,12 +160,21 @@ class WarpTape(Guard):
     def handle(self, call: Call) -> Any:
         if self._replay is not None:
             return self._adjoint(call)
-        kernel = call.argument("kernel", 0)
-        labels = [p.label for p in kernel.adj.args][len(call.argument("inputs", INPUTS) or ()) :]
-        for position, value in enumerate(call.argument("outputs", OUTPUTS) or ()):
-            label = labels[position] if position < len(labels) else str(position)
-            self._before_write(value, f"wp.launch of {kernel.key} (output {label!r})", call)
-        return call.proceed()
+        outputs = call.argument("outputs", OUTPUTS) or ()
+        if self._live and self._changes_any(outputs):
+            kernel = call.argument("kernel", 0)
+            args = kernel.adj.args[len(call.argument("inputs", INPUTS) or ()) :]
+            for position, value in enumerate(outputs):
+                label = args[position].label if position < len(args) else str(position)
+                self._before_write(value, f"wp.launch of {kernel.key} (output {label!r})", call)
+        tape = self._context.runtime.tape
+        if tape is None:
+            return call.proceed()
+        count = len(tape.launches)
+        result = call.proceed()
+        if len(tape.launches) > count:  # Warp named this handler's frame as the caller
+            _reads.mend_caller(tape.launches[-1], sys._getframe(1))
+        return result
 
     def _adjoint(self, call: Call) -> Any:
         inputs = call.argument("inputs", INPUTS)
@@ -179,15 +184,6 @@ class WarpTape(Guard):
             if given:
                 call.replace("inputs", INPUTS, [given.get(i, a) for i, a in enumerate(inputs)])
         return call.proceed()
-
-    def _record_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        # Tape.record_launch, called by wp.launch while a tape records: Warp's metadata
-        # names the frame above its launch, which a guard's wrapper is; it is given the
-        # first frame above that outside this package, as unguarded. Never handled.
-        metadata = kwargs.get("metadata")
-        if isinstance(metadata, dict) and _reads.is_own(metadata.get("caller")):
-            metadata["caller"] = _reads.user_caller(sys._getframe(1))
-        return False
 
     # -- the other writes ------------------------------------------------------------------
 

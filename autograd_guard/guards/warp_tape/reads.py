@@ -65,23 +65,19 @@ def caller(frame: FrameType) -> tuple[CodeType, int]:
     return frame.f_code, frame.f_lasti
 
 
-def is_own(caller: Any) -> bool:
-    """Whether Warp's recorded ``{"file", "lineno", "func"}`` names a frame of this package."""
-    return isinstance(caller, dict) and str(caller.get("file", "")).startswith(OWN)
-
-
-def user_caller(frame: FrameType) -> dict[str, Any]:
-    """Warp's caller metadata for the launch running above ``frame`` (the check, under
-    ``Tape.record_launch``'s wrappers): the first frame outside this package above the
-    launch, which is what Warp records when nothing wraps ``wp.launch``."""
-    while frame.f_code.co_filename.startswith(OWN) and frame.f_back is not None:
-        frame = frame.f_back  # record_launch's wrappers
-    while not frame.f_code.co_filename.startswith(OWN) and frame.f_back is not None:
-        frame = frame.f_back  # Warp's tape.record_launch and launch
-    while frame.f_code.co_filename.startswith(OWN) and frame.f_back is not None:
-        frame = frame.f_back  # wp.launch's wrappers
-    code = frame.f_code
-    return {"file": code.co_filename, "lineno": frame.f_lineno, "func": code.co_name}
+def mend_caller(entry: Any, frame: FrameType) -> None:
+    """Warp records the frame that called its ``launch`` as a launch's caller (its tape
+    visualisation names it): that was a wrapper of this package, at or below ``frame``.
+    The first frame above outside this package takes its place, as unguarded."""
+    metadata = entry[-1] if isinstance(entry, list) and entry else None
+    if not isinstance(metadata, dict):
+        return
+    recorded = metadata.get("caller")
+    if isinstance(recorded, dict) and str(recorded.get("file", "")).startswith(OWN):
+        while frame.f_code.co_filename.startswith(OWN) and frame.f_back is not None:
+            frame = frame.f_back
+        code, lineno = frame.f_code, frame.f_lineno
+        metadata["caller"] = {"file": code.co_filename, "lineno": lineno, "func": code.co_name}
 
 
 def line(site: tuple[CodeType, int]) -> str:
