@@ -25,11 +25,23 @@ caller (its visualisation names it) as the user's frame, not the guard's wrapper
 
 Writes it sees: the ``outputs`` of ``wp.launch``, the destination of ``wp.copy`` (and
 so of ``wp.clone``), ``array.assign``, ``fill_`` and ``zero_``, and a host array whose
-``.numpy()`` view was taken (its contents are compared at ``backward()``). Writes it
+``.numpy()`` view was taken after the read (its contents are compared at ``backward()``;
+a view taken before the read is not). Writes it
 cannot see: a kernel writing through an array passed in ``inputs``, a raw pointer
-(``array.ptr``, ctypes), another framework's view of the same memory (``wp.to_torch``,
+(``array.ptr``, ctypes), another Warp array over the same memory (arrays are known by
+identity: a write to the slice ``x[0:2]`` of an ``x`` that was read, or to ``x`` after its
+slice was read, goes unseen), another framework's view of it (``wp.to_torch``,
 ``wp.from_torch``, DLPack), the adjoints of ``tape.record_func`` callbacks, and a CUDA
 graph replay (``wp.capture_launch``); inside a graph capture it neither copies nor reports.
+
+Cost: ``wp.launch`` and the array methods stay wrapped while no tape records (~1 us per
+call). Hooking them only while a tape records or holds reads is not sound: the hook would
+be put in place at each ``Tape.__enter__`` by rebinding module attributes, and a reference
+bound while it was not there (``from warp import launch`` in a user's module, a helper's
+``launch = wp.launch``, a ``functools.partial`` of it, a bound method kept by an object)
+would keep calling Warp directly, so the writes that this guard exists for (a validation
+pass through such a helper) would go unseen; rebinding the modules' copies costs a scan of
+``sys.modules`` per tape, more than ten launches' wrappers.
 """
 
 from __future__ import annotations
