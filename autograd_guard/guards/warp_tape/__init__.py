@@ -20,7 +20,8 @@ with their lines; ``strict`` raises there; ``fix`` gives each recorded launch's 
 the copy of what it read, so that the gradient is that of the program as written (as if
 every write had gone to a fresh buffer). The arrays' current contents are never touched.
 Reads are forgotten at ``backward()`` and ``tape.reset()``: buffers reused after
-``backward()`` are Warp's own idiom and cost nothing. Warp's tape keeps each launch's
+``backward()`` are Warp's own idiom and cost nothing (so a second ``backward()`` of the
+same recording, after such a write, is neither fixed nor named). Warp's tape keeps each launch's
 caller (its visualisation names it) as the user's frame, not the guard's wrapper.
 
 Writes it sees: the ``outputs`` of ``wp.launch``, the destination of ``wp.copy`` (and
