@@ -1,4 +1,6 @@
-"""wp.launch wrapped by the warp_torch_args guard vs bare, side by side in one process.
+"""wp.launch wrapped by the warp_torch_args guard vs bare, side by side in one process; and
+the warp_tape guard alone: a launch with no tape, a recording tape of 10 launches, the
+copy-on-write of an overwritten array, and a backward() with nothing overwritten.
 
 Runs one child per Warp version (1.5.1, affected; the newest, with the guard forced on so
 that its wrapper is in place). Each child alternates blocks of launches with the guard
@@ -84,6 +86,118 @@ print(json.dumps({{"version": wp.config.version, "results": results}}))
 """
 
 
+# warp_tape alone (the other Warp guards off): each case is timed per block of `reps`
+# repetitions, guarded and bare blocks alternating.
+TAPE_CHILD = r"""
+import json, statistics, time
+import numpy as np
+import autograd_guard
+import warp as wp
+wp.config.quiet = True
+wp.init()
+reps, blocks = {reps}, {blocks}
+
+@wp.kernel
+def k(x: wp.array(dtype=float), y: wp.array(dtype=float)):
+    i = wp.tid(); y[i] = x[i] * 2.0
+
+policy = {{"disable": ["warp_torch_args", "warp_copy_adjoint"]}}
+
+def chain(n):
+    return [wp.zeros(n, dtype=float, requires_grad=True) for _ in range(11)]
+
+def record(xs):
+    tape = wp.Tape()
+    with tape:
+        for i in range(10):
+            wp.launch(k, dim=xs[0].shape[0], inputs=[xs[i]], outputs=[xs[i + 1]], device="cpu")
+    return tape
+
+small = chain(10)
+def no_tape():
+    for i in range(10):
+        wp.launch(k, dim=10, inputs=[small[i]], outputs=[small[i + 1]], device="cpu")
+    return 10
+
+def tape_of_10():
+    record(small)
+    return 10
+
+def overwrite(n):
+    xs, other = chain(n), wp.zeros(n, dtype=float)
+    def case():
+        tape = record(xs)  # launch 6 read xs[5]: the launch below overwrites it
+        start = time.perf_counter()
+        wp.launch(k, dim=n, inputs=[other], outputs=[xs[5]], device="cpu")
+        elapsed = time.perf_counter() - start
+        tape.reset()
+        return elapsed
+    return case
+
+def backward():
+    tape = record(small)
+    start = time.perf_counter()
+    tape.backward(grads={{small[10]: wp.ones(10, dtype=float)}})
+    elapsed = time.perf_counter() - start
+    tape.zero()
+    return elapsed
+
+def timed(fn):
+    start = time.perf_counter()
+    per = 0.0
+    for _ in range(reps):
+        out = fn()
+        per += out if isinstance(out, float) else 0.0
+    total = time.perf_counter() - start
+    count = out if isinstance(out, int) else 1
+    return (total if per == 0.0 else per) / reps / count * 1e6
+
+cases = {{
+    "warp_tape: launch, no tape, per launch": no_tape,
+    "warp_tape: tape of 10 launches recording, per launch": tape_of_10,
+    "warp_tape: copy-on-write, overwritten array of 10 floats": overwrite(10),
+    "warp_tape: copy-on-write, overwritten array of 1M floats": overwrite(1_000_000),
+    "warp_tape: backward() of 10 launches, nothing overwritten": backward,
+}}
+results = {{}}
+for name, fn in cases.items():
+    autograd_guard.install(policy); timed(fn); autograd_guard.uninstall(); timed(fn)
+    bare, guarded = [], []
+    for block in range(blocks):
+        for on in ((False, True) if block % 2 else (True, False)):
+            if on:
+                autograd_guard.install(policy); guarded.append(timed(fn))
+            else:
+                autograd_guard.uninstall(); bare.append(timed(fn))
+    results[name] = (statistics.median(bare), statistics.median(guarded))
+print(json.dumps({{"version": wp.config.version, "results": results}}))
+"""
+TAPE_GOALS = {"warp_tape: tape of 10 launches recording, per launch": "<= +1.5 us"}
+
+
+def _child(version: str, source: str, cache: str) -> dict:
+    folder = thirdparty.install(f"warp-{version}")
+    env = {**os.environ, "PYTHONPATH": str(folder), "WARP_CACHE_PATH": cache}
+    env.pop("AUTOGRAD_GUARD", None)
+    script = Path(cache) / "bench_child.py"  # Warp reads kernel source from a file
+    script.write_text(source)
+    child = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    if child.returncode:
+        sys.exit(f"warp {version} benchmark failed:\n{child.stderr}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def measure_tape(reps: int = 200, blocks: int = 11) -> list[Row]:
+    cache = tempfile.mkdtemp(prefix="warp-cache-")
+    rows = []
+    for version in ("1.5.1", "1.19.0"):
+        result = _child(version, TAPE_CHILD.format(reps=reps, blocks=blocks), cache)
+        for name, (base, guarded) in result["results"].items():
+            case = f"{result['version']} {name}"
+            rows.append(Row("warp", case, base, guarded, "us", TAPE_GOALS.get(name, "")))
+    return rows
+
+
 def measure(calls: int = 2000, blocks: int = 15) -> list[Row]:
     cache = tempfile.mkdtemp(prefix="warp-cache-")
     rows = []
@@ -111,11 +225,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--blocks", type=int, default=15)
+    parser.add_argument("--only", choices=("torch_args", "tape"), default=None)
     args = parser.parse_args()
-    print_table(
-        measure(args.calls, args.blocks),
-        "wp.launch of a trivial kernel, dim=10, CPU: bare vs wrapped (guard forced on)",
-    )
+    if args.only != "tape":
+        print_table(
+            measure(args.calls, args.blocks),
+            "wp.launch of a trivial kernel, dim=10, CPU: bare vs wrapped (guard forced on)",
+        )
+    if args.only != "torch_args":
+        print_table(
+            measure_tape(max(args.calls // 10, 20), args.blocks),
+            "warp_tape alone, CPU: bare vs guarded (medians of interleaved blocks)",
+        )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ PACKAGES: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
     # Affected by NVIDIA/warp#394, and the newest (fixed) release, side by side.
     "warp-1.5.1": (["warp-lang==1.5.1"], {}, []),
     "warp-1.19.0": (["warp-lang==1.19.0"], {}, []),
+    # A recorded wp.copy has a wrong adjoint in 1.16 (NVIDIA/warp#1728), fixed in 1.17.
+    "warp-1.16.0": (["warp-lang==1.16.0"], {}, []),
+    "warp-1.17.0": (["warp-lang==1.17.0"], {}, []),
     # Pure-Python wheel; it imports packaging without declaring it (installed with us).
     "gsplat": (["gsplat==1.5.3"], {}, []),
     # PyTorch3D's real Python code without its compiled extension.

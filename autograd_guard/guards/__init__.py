@@ -29,6 +29,8 @@ BUILTIN = (
     "pytorch3d_euler_gimbal",
     "pytorch3d_face_normals",
     "warp_torch_args",
+    "warp_tape",
+    "warp_copy_adjoint",
     "gsplat_means2d",
     "ipex_xpu",
     "grad_health",

@@ -1,0 +1,122 @@
+"""What ``warp_tape`` keeps of a recording tape: each read of an array by a recorded
+launch, and the contents an array had before each write; at ``backward()``, the reads
+whose contents changed since, how to name them, and the inputs each adjoint is given."""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import CodeType, FrameType
+    from typing import Any
+
+    # (launch index, input position, array, (code, instruction) of the caller, version)
+    Read = tuple[int, int, Any, tuple[CodeType, int], int]
+    # (copy, the write, (code, instruction) of its caller, a .numpy() view)
+    Version = tuple[Any, str, tuple[CodeType, int], bool]
+
+OWN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+RECORDED_INPUTS = 3  # in a recorded launch: [kernel, dim, max_blocks, inputs, outputs, ...]
+
+
+class TapeReads:
+    """One recording tape's reads: ``log`` in order, ``fresh`` (the arrays read since
+    their last write, by id: the next write copies them first) and ``versions`` (by id,
+    the contents before each write)."""
+
+    __slots__ = ("fresh", "log", "release", "tape", "versions")
+
+    def __init__(self, tape: Any) -> None:
+        self.tape = weakref.ref(tape)
+        self.release: Any = None  # the tape's finalizer, detached once these are dropped
+        self.log: list[Read] = []
+        self.fresh: dict[int, Any] = {}
+        self.versions: dict[int, list[Version]] = {}
+
+    def note(self, index: int, inputs: Any, array: Any, site: tuple[CodeType, int]) -> None:
+        log, fresh, versions = self.log, self.fresh, self.versions
+        for position, value in enumerate(inputs):
+            if type(value) is array or isinstance(value, array):
+                key = id(value)
+                fresh[key] = value
+                log.append((index, position, value, site, len(versions.get(key, ()))))
+
+    def stale(self) -> list[Read]:
+        """The reads whose contents have changed since. A ``.numpy()`` view that was not
+        written through changed nothing."""
+        changed: dict[int, list[bool]] = {}
+        for key, versions in self.versions.items():
+            array = next(r[2] for r in self.log if id(r[2]) == key)
+            after = [v[0] for v in versions[1:]] + [array]
+            changed[key] = [
+                not exposed or not (copy.numpy() == later.numpy()).all()
+                for (copy, _, _, exposed), later in zip(versions, after, strict=True)
+            ]
+        return [read for read in self.log if any(changed.get(id(read[2]), ())[read[4] :])]
+
+
+def caller(frame: FrameType) -> tuple[CodeType, int]:
+    """The first caller at or above ``frame`` outside this package (its wrappers and
+    proxies); a line is worked out from it only for a report."""
+    while frame.f_code.co_filename.startswith(OWN) and frame.f_back is not None:
+        frame = frame.f_back
+    return frame.f_code, frame.f_lasti
+
+
+def mend_caller(entry: Any, frame: FrameType) -> None:
+    """Warp records the frame that called its ``launch`` as a launch's caller (its tape
+    visualisation names it): that was a wrapper of this package, at or below ``frame``.
+    The first frame above outside this package takes its place, as unguarded."""
+    metadata = entry[-1] if isinstance(entry, list) and entry else None
+    if not isinstance(metadata, dict):
+        return
+    recorded = metadata.get("caller")
+    if isinstance(recorded, dict) and str(recorded.get("file", "")).startswith(OWN):
+        while frame.f_code.co_filename.startswith(OWN) and frame.f_back is not None:
+            frame = frame.f_back
+        code, lineno = frame.f_code, frame.f_lineno
+        metadata["caller"] = {"file": code.co_filename, "lineno": lineno, "func": code.co_name}
+
+
+def line(site: tuple[CodeType, int]) -> str:
+    code, offset = site
+    number = code.co_firstlineno
+    for start, end, found in code.co_lines():
+        if start <= offset < end and found is not None:
+            number = found
+    return f"{os.path.basename(code.co_filename)}:{number}"
+
+
+def replay_plan(
+    launches: list[Any], reads: TapeReads, stale: list[Read]
+) -> dict[int, list[dict[int, Any]]]:
+    """For each recorded launch's inputs list, in backward's (reverse) order, the inputs
+    to give its adjoint: ``{position: the copy of what it read}``."""
+    given: dict[int, dict[int, Any]] = {}
+    for index, position, array, _, version in stale:
+        given.setdefault(index, {})[position] = reads.versions[id(array)][version][0]
+    lists = {id(launches[index][RECORDED_INPUTS]) for index in given if index < len(launches)}
+    plan: dict[int, list[dict[int, Any]]] = {}
+    for index in reversed(range(len(launches))):
+        entry = launches[index]
+        if not callable(entry) and id(entry[RECORDED_INPUTS]) in lists:
+            plan.setdefault(id(entry[RECORDED_INPUTS]), []).append(given.get(index, {}))
+    return plan
+
+
+def describe(launches: list[Any], reads: TapeReads, read: Read) -> dict[str, Any]:
+    index, position, array, site, version = read
+    kernel = launches[index][0] if index < len(launches) else None
+    params = getattr(getattr(kernel, "adj", None), "args", ())
+    _, write, written_at, _ = reads.versions[id(array)][version]
+    return {
+        "argument": params[position].label if position < len(params) else str(position),
+        "kernel": getattr(kernel, "key", "?"),
+        "read_at": line(site),
+        "written_by": write,
+        "written_at": line(written_at),
+        "shape": list(array.shape),
+        "dtype": getattr(array.dtype, "__name__", str(array.dtype)),
+    }
