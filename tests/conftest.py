@@ -31,11 +31,18 @@ MARKED: dict[str, str] = {
     "tests/test_grad_health_distributed.py": "slow",  # 28 two-rank torchrun jobs
     "tests/twins/test_twins.py": "slow",  # every case twice or more in a fresh venv; Warp
     "tests/test_compile_autoload.py": "slow",  # inductor compiles C++ in child interpreters
-    # The peer libraries' own cases (pytorch_optimizer, Lightning): 34 MB with the frameworks
-    "tests/test_grad_health_usage.py::test_pytorch_optimizer_swats_with_gradients_by_hand_passes_under_strict": "download",
-    "tests/test_grad_health_usage.py::test_lightning_eval_mode_warning_with_a_layer_never_called_passes_under_strict": "download",
-    "tests/test_grad_health_usage.py::test_lightnings_eval_mode_test_ends_with_status_0_under_strict": "download",
 }
+# The peer libraries' own cases (pytorch_optimizer, Lightning), 34 MB with the frameworks
+MARKED.update(
+    {
+        f"tests/test_grad_health_usage.py::{name}": "download"
+        for name in (
+            "test_pytorch_optimizer_swats_with_gradients_by_hand_passes_under_strict",
+            "test_lightning_eval_mode_warning_with_a_layer_never_called_passes_under_strict",
+            "test_lightnings_eval_mode_test_ends_with_status_0_under_strict",
+        )
+    }
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
