@@ -46,6 +46,7 @@ from autograd_guard.guards.grad_health.flow import StepFlow
 from autograd_guard.guards.grad_health.gate import SKIP, Gates
 from autograd_guard.guards.grad_health.probe import BackwardProbe
 from autograd_guard.guards.grad_health.record import Records
+from autograd_guard.guards.grad_health.repair import RepairFlow
 from autograd_guard.guards.grad_health.words import ON_DEVICE, StepSites, step_outcome, stop_outcome
 
 TYPE_CHECKING = False
@@ -57,9 +58,10 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.closure import Evaluation
     from autograd_guard.guards.grad_health.dist import Sharing
     from autograd_guard.guards.grad_health.record import Record
+    from autograd_guard.guards.grad_health.repair import Repairer
 
 
-class GradHealth(StepFlow, Findings, Guard):
+class GradHealth(StepFlow, RepairFlow, Findings, Guard):
     name = "grad_health"
     symptom = "a parameter gets no gradient, or a non-finite gradient reaches the optimizer"
     upstream = "https://github.com/pytorch/pytorch/issues/160016"
@@ -81,6 +83,15 @@ class GradHealth(StepFlow, Findings, Guard):
             "backward passes recorded after a non-finite step to find its op (0: off)",
             minimum=0,
             maximum=1000,
+        ),
+        "nonfinite_fix": Option(
+            str,
+            "repair",
+            "what fix does when the same backward op makes non-finite gradients step after "
+            "step (a singular point where the parameters sit): set its non-finite outputs "
+            "to 0 and run the step (repair), or skip every such step (skip); a one-off "
+            "non-finite step, or a non-finite loss, is always skipped",
+            choices=("repair", "skip"),
         ),
         "stall_steps": Option(
             int,
@@ -120,6 +131,8 @@ class GradHealth(StepFlow, Findings, Guard):
         self._probes_left = 3  # a probe may find nothing (another thread's passes)
         self._named: set[tuple[str, str]] = set()  # (action, call site) named already
         self._probe_lock = threading.Lock()
+        self._repairer: Repairer | None = None
+        self._repair_stopped = False  # a repair stalled: such steps are skipped again
 
     def _attach(self, module: ModuleType, target: Target | None) -> None:
         from autograd_guard._common import importer as _importer
@@ -146,6 +159,8 @@ class GradHealth(StepFlow, Findings, Guard):
             if self._probe is not None:
                 self._probe.disarm()
                 self._probe = None
+        if self._repairer is not None:
+            self._repairer.disarm()
 
     def _nonfinite(
         self,

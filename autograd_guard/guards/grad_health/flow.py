@@ -53,6 +53,8 @@ class StepFlow(ZeroFlow, ClosureFlow):
     _nonfinite: Callable[..., object]
     _report_lost: Callable[..., None]
     _probe_finished: Callable[..., None]
+    _mended_verdict: Callable[..., object | None]
+    _repair_over: Callable[[Any], None]
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The first global pre-hook: gate the optimizer's class (once per class); a class
@@ -154,6 +156,9 @@ class StepFlow(ZeroFlow, ClosureFlow):
             )
         if not grads:
             return RUN
+        mended = self._mended_verdict(optimizer, record, gated)
+        if mended is not None:
+            return mended
         first = grads[0]
         plain = type(first) is sys.modules["torch"].Tensor  # not fake tensors and the like
         slot = self._finite.slot(first.device) if plain else None
@@ -226,6 +231,7 @@ class StepFlow(ZeroFlow, ClosureFlow):
         try:
             if record is not None and (record.flag is not None or record.pending):
                 self._step_over(optimizer, record)
+            self._repair_over(optimizer)
             probe = self._probe
             if probe is not None and probe.step_done():
                 self._probe_finished(probe)

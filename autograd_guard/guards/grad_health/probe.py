@@ -9,6 +9,11 @@ after the pass). It disarms after a few passes, a few optimizer steps or some se
 whichever comes first (a timer covers a program that stops stepping), and puts back what it
 changed: the two functions, only if they are still its own, and anomaly mode, only if it is
 still as the probe set it.
+
+Where fix may repair (``nonfinite_fix = "repair"``), a probe pass also mends as it records:
+each node's non-finite outputs become 0 (only while the loss is finite), so that every
+node of the pass that makes such values is found in one pass, not only the first; the
+step that follows is still skipped until the same node has made them in two passes.
 """
 
 from __future__ import annotations
@@ -20,11 +25,15 @@ import threading
 import time
 
 from autograd_guard.guards.grad_health.check import gradient_sum
+from autograd_guard.guards.grad_health.made import forward_maker, mend_node, mendable, node_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
+
+    # a node, its outputs, their sums and its saved values', their names, mendable if tainted
+    Pending = tuple[Any, int, list[Any], list[str], bool]
 
 _OWN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 SECONDS = 30.0  # the longest a probe stays armed
@@ -33,8 +42,17 @@ SECONDS = 30.0  # the longest a probe stays armed
 class BackwardProbe:
     """Records up to ``passes`` backward passes, over at most ``steps`` optimizer steps."""
 
-    def __init__(self, passes: int, steps: int, eager: Callable[[Any], Any]) -> None:
+    def __init__(
+        self, passes: int, steps: int, eager: Callable[[Any], Any], mend: bool = False
+    ) -> None:
         self.passes, self.steps = passes, steps
+        self.mend = mend  # fix with repair: mend each node's output as it is recorded
+        self.confirm = mend  # go on until two passes name the same node (or one names none)
+        self.keys: list[tuple[Any, ...] | None] = []  # per pass: the first node's key (None: none)
+        self.makers: set[tuple[Any, ...]] = set()  # every node key that made such values
+        self.made: tuple[str, str] | None = None  # the forward op that made them, its line
+        self.loss_finite = True  # the last pass's roots were finite
+        self.mended = False  # the last pass's gradients were mended (the step is not clean)
         self.recorded = self.stepped = 0
         self.armed = False
         self.origin: tuple[str, str] | None = None  # (backward op, forward file:line)
@@ -49,6 +67,7 @@ class BackwardProbe:
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
         self._node_hook = eager(self._check_node)  # one wrapper for every node
+        self._gate: Any = None  # this pass's roots are finite (a flag on their device)
 
     def arm(self) -> None:
         torch = sys.modules["torch"]
@@ -89,10 +108,16 @@ class BackwardProbe:
             self.disarm()
         return not self.armed
 
+    def confirmed(self) -> bool:
+        """The same node made non-finite values in the last two passes."""
+        return len(self.keys) >= 2 and self.keys[-1] is not None and self.keys[-1] == self.keys[-2]
+
     def _finished(self) -> bool:
+        named = self.origin is not None or self.tainted
+        if self.confirm and named:
+            named = self.confirmed() or (bool(self.keys) and self.keys[-1] is None)
         return (
-            self.origin is not None
-            or self.tainted
+            named
             or self.error is not None
             or self.recorded >= self.passes
             or time.monotonic() > self._deadline
@@ -105,8 +130,9 @@ class BackwardProbe:
             original = self._originals[name]
             if not self.armed or self._finished() or _in_transform():
                 return original(*args, **kwargs)
-            pending: list[tuple[Any, int, list[Any]]] = []  # (node, its output sums), in order
-            handles = self._hook_graph(args[0] if args else kwargs.get(keyword), pending)
+            pending: list[Pending] = []  # (node, its output sums), in order
+            roots = args[0] if args else kwargs.get(keyword)
+            handles = self._hook_graph(roots, pending)
             try:
                 return original(*args, **kwargs)
             finally:
@@ -114,13 +140,16 @@ class BackwardProbe:
 
         return probed
 
-    def _hook_graph(self, tensors: Any, pending: list[tuple[Any, int, list[Any]]]) -> list[Any]:
+    def _hook_graph(self, tensors: Any, pending: list[Pending]) -> list[Any]:
         """Hooks on this pass's nodes, each writing to this pass's ``pending`` (another
         thread's pass has its own; on CUDA the hooks run in autograd's device threads)."""
         torch = sys.modules["torch"]
         handles = []
         try:
             roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+            with torch.no_grad():
+                sums = [gradient_sum(torch, t) for t in roots if t.is_floating_point()]
+                self._gate = torch.stack(sums).isfinite().all() if sums else None
             for node in _graph([t.grad_fn for t in roots if t.grad_fn is not None]):
                 hook = functools.partial(self._node_hook, node, pending)
                 handles.append(node.register_hook(hook))
@@ -128,39 +157,60 @@ class BackwardProbe:
             self.error = exc
         return handles
 
-    def _pass_done(self, handles: list[Any], pending: list[tuple[Any, int, list[Any]]]) -> None:
+    def _pass_done(self, handles: list[Any], pending: list[Pending]) -> None:
         self.recorded += 1
         try:
             for handle in handles:
                 handle.remove()
-            found = _first_nonfinite(sys.modules["torch"], pending)
-            if found is TAINTED:
+            torch = sys.modules["torch"]
+            gate = self._gate
+            self.loss_finite = gate is None or bool(gate)
+            makers, saved = _nonfinite_nodes(torch, pending)
+            self.mended = self.mend and self.loss_finite and bool(makers)
+            # a non-finite loss is a divergence, never repaired; nor a node that mixes values
+            repairable = self.loss_finite and all(ok for _, _, ok in makers)
+            if repairable:
+                self.makers.update(node_key(node) for node, _, _ in makers)
+            self.keys.append(node_key(makers[0][0]) if makers and repairable else None)
+            if not makers:
+                return
+            found, tainted, _ = makers[0]
+            frames = _frames(found)
+            self.frames = tuple((file, function) for file, _, function, _ in frames)
+            if tainted:  # the forward pass held the value already: which op made it
                 self.tainted = True
-            elif found is not None:
-                frames = _frames(found)
-                self.origin = type(found).__name__, _forward_line(frames)
-                self.frames = tuple((file, function) for file, _, function, _ in frames)
+                maker = forward_maker(found, lambda node: saved.get(id(node), {}))
+                if maker is not None:
+                    self.made = (maker[0], _forward_line(_frames(maker[1])))
+            self.origin = type(found).__name__, _forward_line(frames)
         except Exception as exc:
             self.error = exc
 
     def _check_node(
-        self, node: Any, pending: list[tuple[Any, int, list[Any]]], grad_inputs: Any, _: Any
-    ) -> None:
+        self, node: Any, pending: list[Pending], grad_inputs: Any, grad_outputs: Any
+    ) -> Any:
         # Nodes run in topological order: the first one whose output is not finite, all
         # of whose inputs came from nodes before it, made the value.
-        if not self.armed or self.origin is not None:
-            return
+        if not self.armed or (self.origin is not None and not self.confirm):
+            return None
         torch = sys.modules["torch"]
         try:
             with torch.no_grad():
                 sums = [gradient_sum(torch, g) for g in grad_inputs if g is not None]
                 outputs = len(sums)
-                if sums:  # what the forward op saw: a value already non-finite is no origin
-                    sums += [gradient_sum(torch, t) for t in _saved_tensors(node)]
+                saved = _saved_tensors(node) if sums else []
+                # what the forward op saw: a value already non-finite is no origin
+                sums += [gradient_sum(torch, t) for _, t in saved]
             if sums:
-                pending.append((node, outputs, sums))
+                local = mendable(node, True, grad_inputs, grad_outputs)  # if it was tainted
+                pending.append((node, outputs, sums, [name for name, _ in saved], local))
+            if self.mend:  # later nodes see finite values: each maker is found in one pass
+                return mend_node(torch, node, grad_inputs, grad_outputs, self._gate)[0]
         except Exception as exc:
             self.error = exc
+        return None
+
+
 
 
 def _in_transform() -> bool:
@@ -174,11 +224,8 @@ def _in_transform() -> bool:
         return True
 
 
-TAINTED = object()  # the first non-finite output came of non-finite forward values
-
-
-def _saved_tensors(node: Any) -> list[Any]:
-    """The floating-point tensors a backward node saved from its forward op."""
+def _saved_tensors(node: Any) -> list[tuple[str, Any]]:
+    """The floating-point tensors a backward node saved from its forward op, by name."""
     names = _SAVED.get(type(node))
     if names is None:
         names = _SAVED[type(node)] = [n for n in dir(type(node)) if n.startswith("_saved_")]
@@ -191,18 +238,21 @@ def _saved_tensors(node: Any) -> list[Any]:
             continue
         for item in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(item, torch.Tensor) and (item.is_floating_point() or item.is_complex()):
-                found.append(item)
+                found.append((name, item))
     return found
 
 
 _SAVED: dict[type, list[str]] = {}
 
 
-def _first_nonfinite(torch: Any, pending: list[tuple[Any, int, list[Any]]]) -> Any:
-    """The first node in ``pending`` with a non-finite output from finite forward values
-    (``TAINTED`` when the first such output came of non-finite ones), read with one sync
-    per device."""
-    flat = [flag for _, _, flags in pending for flag in flags]
+def _nonfinite_nodes(
+    torch: Any, pending: list[Pending]
+) -> tuple[list[tuple[Any, bool, bool]], dict[int, dict[str, bool]]]:
+    """The nodes in ``pending`` with a non-finite output, in order, each with whether its
+    forward values were already non-finite (tainted) and whether it can be mended; and
+    each node's saved values, by
+    name, finite or not (by ``id``). Read with one sync per device."""
+    flat = [flag for _, _, flags, _, _ in pending for flag in flags]
     by_device: dict[Any, list[int]] = {}
     for index, flag in enumerate(flat):
         by_device.setdefault(flag.device, []).append(index)
@@ -211,14 +261,14 @@ def _first_nonfinite(torch: Any, pending: list[tuple[Any, int, list[Any]]]) -> A
         values = torch.stack([flat[i].float() for i in indices]).isfinite().tolist()
         for i, value in zip(indices, values, strict=True):
             finite[i] = value
-    index = 0
-    for node, outputs, flags in pending:
+    index, found, saved = 0, [], {}
+    for node, outputs, flags, names, local in pending:
+        values = finite[index + outputs : index + len(flags)]
+        saved[id(node)] = dict(zip(names, values, strict=True))
         if not all(finite[index : index + outputs]):
-            if not all(finite[index + outputs : index + len(flags)]):
-                return TAINTED
-            return node
+            found.append((node, not all(values), local or all(values)))
         index += len(flags)
-    return None
+    return found, saved
 
 
 def _graph(roots: list[Any]) -> list[Any]:
