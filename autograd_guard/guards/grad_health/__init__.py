@@ -46,7 +46,7 @@ from autograd_guard.guards.grad_health.flow import StepFlow
 from autograd_guard.guards.grad_health.gate import SKIP, Gates
 from autograd_guard.guards.grad_health.probe import BackwardProbe
 from autograd_guard.guards.grad_health.record import Records
-from autograd_guard.guards.grad_health.repair import RepairFlow
+from autograd_guard.guards.grad_health.repair import WOULD_FIX, RepairFlow
 from autograd_guard.guards.grad_health.words import ON_DEVICE, StepSites, step_outcome, stop_outcome
 
 TYPE_CHECKING = False
@@ -188,6 +188,8 @@ class GradHealth(StepFlow, RepairFlow, Findings, Guard):
         )
         if on_device:
             done = ON_DEVICE[self.mode]
+        elif self.mode == "observe" and self._repairs():
+            done = done.replace("fix would skip it)", f"fix would {WOULD_FIX})")
         if verdict == SKIP:
             record.skipped += 1
         if speaks:

@@ -147,6 +147,22 @@ def forward_maker(first: Any, saved: Callable[[Any], dict[str, bool]]) -> tuple[
     return forward_name(type(below).__name__), below
 
 
+def leaves_finite(torch: Any, node: Any) -> bool:
+    """The parameters (leaves) below ``node`` hold finite values (read once, after a pass)."""
+    seen: set[int] = set()
+    todo, leaves = [node], []
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        variable = getattr(current, "variable", None)
+        if variable is not None and variable.is_floating_point():
+            leaves.append(variable.detach())
+        todo.extend(n for n, _ in current.next_functions)
+    return all(bool(v.isfinite().all()) for v in leaves)
+
+
 def _deepest(first: Any, saved: Callable[[Any], dict[str, bool]]) -> Any:
     """The node nearest the leaves, below ``first``, that still holds a non-finite saved
     value (the value was made at or below it)."""

@@ -25,7 +25,14 @@ import threading
 import time
 
 from autograd_guard.guards.grad_health.check import gradient_sum
-from autograd_guard.guards.grad_health.made import forward_maker, mend_node, mendable, node_key
+from autograd_guard.guards.grad_health.made import (
+    LEAF,
+    forward_maker,
+    leaves_finite,
+    mend_node,
+    mendable,
+    node_key,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -180,6 +187,8 @@ class BackwardProbe:
             if tainted:  # the forward pass held the value already: which op made it
                 self.tainted = True
                 maker = forward_maker(found, lambda node: saved.get(id(node), {}))
+                if not leaves_finite(torch, found):  # the weights came in non-finite
+                    maker = (LEAF, found)
                 if maker is not None:
                     self.made = (maker[0], _forward_line(_frames(maker[1])))
             self.origin = type(found).__name__, _forward_line(frames)

@@ -174,6 +174,10 @@ WOULD = (
     "in {passes} backward passes in a row: fix would set its non-finite outputs to 0 there "
     "and run the step (observe changes nothing)"
 )
+WOULD_FIX = (
+    "skip it, and once the same backward op makes such values again, set them to 0 there "
+    "and run the step (nonfinite_fix)"
+)
 REPAIR_REMEDY = (
     "make that op safe for gradients (torch.where on a safe input, clamp, + eps, a Taylor "
     'branch) to get the true limit; nonfinite_fix = "skip" skips such steps instead'
