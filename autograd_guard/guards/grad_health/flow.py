@@ -231,10 +231,10 @@ class StepFlow(ZeroFlow, ClosureFlow):
         try:
             if record is not None and (record.flag is not None or record.pending):
                 self._step_over(optimizer, record)
-            self._repair_over(optimizer)
             probe = self._probe
             if probe is not None and probe.step_done():
                 self._probe_finished(probe)
+            self._repair_over(optimizer)
         except Exception as exc:  # fail open
             self.fail("after step", exc)
 

@@ -220,8 +220,6 @@ class BackwardProbe:
         return None
 
 
-
-
 def _in_transform() -> bool:
     """A ``torch.func`` transform (vmap, grad, jacrev) runs this pass: its tensors are
     wrapped per level and cannot be read outside it, so the probe steps aside."""

@@ -16,7 +16,9 @@ repaired; those steps stay skipped. The mending is a few kernels per hooked node
 device, with no host read: whether a pass changed a value, and its loss, are read once
 they are ready (``PendingFlag``), never by waiting. A repair that has run ``stall_steps``
 steps without the loss falling has stalled: it is said as ``training_stalled``, and it
-stops (later such steps are skipped again). observe says what fix would do.
+stops (later such steps are skipped again). A repair that has changed nothing for 20
+passes in a row stands down (the run has left the singular point; should it come back,
+it is found and confirmed again). observe says what fix would do.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from autograd_guard.guards.grad_health.probe import _graph, _in_transform
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
+    from typing import Any, NoReturn
 
     from autograd_guard._common.environment import Mode
     from autograd_guard.guards.grad_health.compile import EagerHooks
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.words import StepSites
 
 FALL = 1e-3  # the least relative fall of the loss that counts as training
+REST = 20  # passes in a row that changed nothing, after which the repair stands down
 
 
 class _Pass:
@@ -60,6 +63,7 @@ class Repairer:
         self.keys: set[tuple[Any, ...]] = set()
         self.pending: collections.deque[PendingFlag] = collections.deque()
         self.passes = self.repaired = 0  # backward passes seen, and those mended
+        self.quiet = 0  # passes in a row that changed nothing
         self.first: float | None = None  # the loss of the first mended pass
         self.best: float | None = None
         self.judged = False  # the stall check has been made
@@ -148,6 +152,7 @@ class Repairer:
         while self.pending and self.pending[0].ready():
             value = float(self.pending.popleft().host[0].item())
             self.passes += 1
+            self.quiet = self.quiet + 1 if value != value else 0
             if value == value:  # not NaN: this pass was mended
                 self.repaired += 1
                 self.first = value if self.first is None else self.first
@@ -200,6 +205,7 @@ class RepairFlow:
     _repairer: Repairer | None
     _repair_stopped: bool
     emit: Callable[..., bool]
+    refuse: Callable[..., NoReturn]
     _nonfinite: Callable[..., object]
 
     def _repairs(self) -> bool:
@@ -222,8 +228,8 @@ class RepairFlow:
         repairer = self._repairer
         if repairer is None:
             repairer = self._repairer = Repairer(self._hooks.eager)
-        repairer.keys |= probe.makers
-        repairer.arm()
+        repairer.keys |= probe.makers  # armed once the probe has put torch's functions back
+        repairer.quiet = 0
         repairer.repaired += 1  # this step's pass was mended by the probe
         op, line = probe.origin or ("<unknown>", "<unknown>")
         repairer.site = self._sites.site(optimizer)
@@ -253,19 +259,31 @@ class RepairFlow:
         )
 
     def _repair_over(self, optimizer: Any) -> None:
-        """After a step: read what the repaired passes say; a stalled repair stops."""
+        """After a step: read what the repaired passes say; a stalled repair stops. The
+        repairer patches and unpatches torch's functions only while no probe has (each
+        puts back what it found only where it is still on top)."""
         repairer = self._repairer
-        if repairer is None or not repairer.armed:
+        if repairer is None or self._probe is not None or self._repair_stopped:
+            return
+        if not repairer.armed:
+            if repairer.keys and repairer.quiet < REST:
+                repairer.arm()
             return
         repairer.drain()
+        if repairer.quiet >= REST:  # the singular point is behind: healthy steps pay nothing
+            repairer.disarm()
+            return
         if repairer.stalled(self.config["stall_steps"]):
             repairer.disarm()
             self._repair_stopped = True
             op = ", ".join(sorted({key[0] for key in repairer.keys}))
+            event, site = STALLED.format(steps=repairer.repaired, op=op), repairer.site
+            if self.config["on_stall"] == "raise":
+                self.refuse(event, action="training_stalled", callsite=site, remedy=REPAIR_REMEDY)
             self.emit(
-                STALLED.format(steps=repairer.repaired, op=op),
+                event,
                 action="training_stalled",
-                callsite=self._sites.site(optimizer),
+                callsite=site,
                 level="error",
                 remedy=REPAIR_REMEDY,
                 steps=repairer.repaired,
