@@ -25,7 +25,10 @@ DTensor) decide together through one all-reduced flag. A fused optimizer on CUDA
 the flag and skips on the device, with no host sync; steps that GradScaler hands to a
 fused optimizer are its to skip. After the first non-finite step, a few backward passes
 are recorded to name the backward op that first produced the value and the forward line
-that ran it. A parameter that gets no gradient over the first ``lost_steps`` steps while
+that ran it (or the forward op that made a value the forward pass already held). Where
+that same op makes them again (a singular point where the parameters sit: a norm at 0, a
+fully masked softmax row, ``log(0)``), fix repairs the gradient there: the op's non-finite
+outputs become 0 and the step runs (``nonfinite_fix``; ``repair``). A parameter that gets no gradient over the first ``lost_steps`` steps while
 others do is a finding, named once; so is a run whose every step is non-finite for
 ``stall_steps`` steps, and one whose every gradient is exactly zero (finite, present, and
 0.0: a detached loss term, a hard silhouette, a mask of zeros, dead ReLUs) for
