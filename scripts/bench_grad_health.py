@@ -34,8 +34,8 @@ import autograd_guard
 from autograd_guard.guards.grad_health import check as _grad_check
 from autograd_guard.guards.grad_health import probe as _grad_probe
 from autograd_guard.guards.grad_health.made import node_key
+from autograd_guard.guards.grad_health.mending import Repairer
 from autograd_guard.guards.grad_health.probe import BackwardProbe
-from autograd_guard.guards.grad_health.repair import Repairer
 
 warnings.filterwarnings("ignore", "Anomaly Detection has been enabled")
 

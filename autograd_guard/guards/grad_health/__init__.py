@@ -28,11 +28,11 @@ are recorded to name the backward op that first produced the value and the forwa
 that ran it (or the forward op that made a value the forward pass already held). Where
 that same op makes them again (a singular point where the parameters sit: a norm at 0, a
 fully masked softmax row, ``log(0)``), fix repairs the gradient there: the op's non-finite
-outputs become 0 and the step runs (``nonfinite_fix``; ``repair``). A parameter that gets no gradient over the first ``lost_steps`` steps while
-others do is a finding, named once; so is a run whose every step is non-finite for
-``stall_steps`` steps, and one whose every gradient is exactly zero (finite, present, and
-0.0: a detached loss term, a hard silhouette, a mask of zeros, dead ReLUs) for
-``zero_steps`` steps (``zero``).
+outputs become 0 and the step runs (``nonfinite_fix``; ``repair``). A parameter that
+gets no gradient over the first ``lost_steps`` steps while others do is a finding, named
+once; so is a run whose every step is non-finite for ``stall_steps`` steps, and one whose
+every gradient is exactly zero (finite, present, and 0.0: a detached loss term, a hard
+silhouette, a mask of zeros, dead ReLUs) for ``zero_steps`` steps (``zero``).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ if TYPE_CHECKING:
     from autograd_guard.guard import Target
     from autograd_guard.guards.grad_health.closure import Evaluation
     from autograd_guard.guards.grad_health.dist import Sharing
+    from autograd_guard.guards.grad_health.mending import Repairer
     from autograd_guard.guards.grad_health.record import Record
-    from autograd_guard.guards.grad_health.repair import Repairer
 
 
 class GradHealth(StepFlow, RepairFlow, Findings, Guard):

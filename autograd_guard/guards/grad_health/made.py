@@ -15,6 +15,7 @@ came in with the weights or the inputs.
 from __future__ import annotations
 
 import re
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,6 +25,31 @@ if TYPE_CHECKING:
 _INPUTS = {"_saved_self": 0, "_saved_other": 1}  # a saved input, and its place in next_functions
 _BACKWARD = re.compile(r"Backward\d*$")
 LEAF = "a leaf (weights or inputs)"
+
+
+def in_transform() -> bool:
+    """A ``torch.func`` transform (vmap, grad, jacrev) runs this pass: its tensors are
+    wrapped per level and cannot be read outside it, so the probe and the repair step aside."""
+    functorch = getattr(sys.modules["torch"]._C, "_functorch", None)
+    peek = getattr(functorch, "peek_interpreter_stack", None)
+    try:
+        return peek is not None and peek() is not None
+    except Exception:
+        return True
+
+
+def graph_nodes(roots: list[Any]) -> list[Any]:
+    """Every node of the backward graph below ``roots``, each once."""
+    seen: set[int] = set()
+    nodes, todo = [], list(roots)
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        nodes.append(node)
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return nodes
 
 
 def node_key(node: Any) -> tuple[Any, ...]:

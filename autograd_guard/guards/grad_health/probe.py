@@ -28,6 +28,8 @@ from autograd_guard.guards.grad_health.check import gradient_sum
 from autograd_guard.guards.grad_health.made import (
     LEAF,
     forward_maker,
+    graph_nodes,
+    in_transform,
     leaves_finite,
     mend_node,
     mendable,
@@ -135,7 +137,7 @@ class BackwardProbe:
 
         def probed(*args: Any, **kwargs: Any) -> Any:
             original = self._originals[name]
-            if not self.armed or self._finished() or _in_transform():
+            if not self.armed or self._finished() or in_transform():
                 return original(*args, **kwargs)
             pending: list[Pending] = []  # (node, its output sums), in order
             roots = args[0] if args else kwargs.get(keyword)
@@ -157,7 +159,7 @@ class BackwardProbe:
             with torch.no_grad():
                 sums = [gradient_sum(torch, t) for t in roots if t.is_floating_point()]
                 self._gate = torch.stack(sums).isfinite().all() if sums else None
-            for node in _graph([t.grad_fn for t in roots if t.grad_fn is not None]):
+            for node in graph_nodes([t.grad_fn for t in roots if t.grad_fn is not None]):
                 hook = functools.partial(self._node_hook, node, pending)
                 handles.append(node.register_hook(hook))
         except Exception as exc:
@@ -220,17 +222,6 @@ class BackwardProbe:
         return None
 
 
-def _in_transform() -> bool:
-    """A ``torch.func`` transform (vmap, grad, jacrev) runs this pass: its tensors are
-    wrapped per level and cannot be read outside it, so the probe steps aside."""
-    functorch = getattr(sys.modules["torch"]._C, "_functorch", None)
-    peek = getattr(functorch, "peek_interpreter_stack", None)
-    try:
-        return peek is not None and peek() is not None
-    except Exception:
-        return True
-
-
 def _saved_tensors(node: Any) -> list[tuple[str, Any]]:
     """The floating-point tensors a backward node saved from its forward op, by name."""
     names = _SAVED.get(type(node))
@@ -276,19 +267,6 @@ def _nonfinite_nodes(
             found.append((node, not all(values), local or all(values)))
         index += len(flags)
     return found, saved
-
-
-def _graph(roots: list[Any]) -> list[Any]:
-    seen: set[int] = set()
-    nodes, todo = [], list(roots)
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        nodes.append(node)
-        todo.extend(next_node for next_node, _ in node.next_functions)
-    return nodes
 
 
 def _frames(node: Any) -> list[tuple[str, str, str, str]]:

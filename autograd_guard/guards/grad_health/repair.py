@@ -23,15 +23,8 @@ it is found and confirmed again). observe says what fix would do.
 
 from __future__ import annotations
 
-import collections
-import functools
-import sys
-import threading
-
-from autograd_guard.guards.grad_health.check import PendingFlag, gradient_sum
 from autograd_guard.guards.grad_health.gate import RUN
-from autograd_guard.guards.grad_health.made import mend_node, node_key
-from autograd_guard.guards.grad_health.probe import _graph, _in_transform
+from autograd_guard.guards.grad_health.mending import REST, Repairer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,129 +36,6 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.probe import BackwardProbe
     from autograd_guard.guards.grad_health.record import Record
     from autograd_guard.guards.grad_health.words import StepSites
-
-FALL = 1e-3  # the least relative fall of the loss that counts as training
-REST = 20  # passes in a row that changed nothing, after which the repair stands down
-
-
-class _Pass:
-    __slots__ = ("flags", "gate")
-
-    def __init__(self, gate: Any) -> None:
-        self.gate = gate  # the loss is finite (a flag on its device)
-        self.flags: list[Any] = []  # per mended output: a value was changed
-
-
-class Repairer:
-    """Mends, in every backward pass, the non-finite outputs of the nodes it knows."""
-
-    def __init__(self, eager: Callable[[Any], Any]) -> None:
-        self.keys: set[tuple[Any, ...]] = set()
-        self.pending: collections.deque[PendingFlag] = collections.deque()
-        self.passes = self.repaired = 0  # backward passes seen, and those mended
-        self.quiet = 0  # passes in a row that changed nothing
-        self.first: float | None = None  # the loss of the first mended pass
-        self.best: float | None = None
-        self.judged = False  # the stall check has been made
-        self.site = "-"  # the step where repair began
-        self.armed = False
-        self._eager = eager
-        self._originals: dict[str, Any] = {}
-        self._patched: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self._hook = eager(self._mend)
-
-    def arm(self) -> None:
-        torch = sys.modules["torch"]
-        with self._lock:
-            if self.armed:
-                return
-            for name in ("backward", "grad"):
-                self._originals[name] = getattr(torch.autograd, name)
-                self._patched[name] = self._eager(self._repairing(name))
-                setattr(torch.autograd, name, self._patched[name])
-            self.armed = True
-
-    def disarm(self) -> None:
-        with self._lock:
-            if not self.armed:
-                return
-            self.armed = False
-            torch = sys.modules["torch"]
-            for name, original in self._originals.items():
-                if getattr(torch.autograd, name) is self._patched[name]:
-                    setattr(torch.autograd, name, original)
-
-    def _repairing(self, name: str) -> Callable[..., Any]:
-        keyword = "tensors" if name == "backward" else "outputs"
-
-        def repairing(*args: Any, **kwargs: Any) -> Any:
-            original = self._originals[name]
-            if not self.armed or _in_transform():
-                return original(*args, **kwargs)
-            roots = args[0] if args else kwargs.get(keyword)
-            handles, state, loss = self._hook_graph(roots)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._pass_done(handles, state, loss)
-
-        return repairing
-
-    def _hook_graph(self, tensors: Any) -> tuple[list[Any], _Pass | None, Any]:
-        torch = sys.modules["torch"]
-        roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
-        with torch.no_grad():
-            sums = [gradient_sum(torch, t).float() for t in roots if t.is_floating_point()]
-            loss = torch.stack(sums).sum() if sums else None
-        if loss is None:
-            return [], None, None
-        state = _Pass(loss.isfinite())
-        handles = [
-            node.register_hook(functools.partial(self._hook, node, state))
-            for node in _graph([t.grad_fn for t in roots if t.grad_fn is not None])
-            if node_key(node) in self.keys
-        ]
-        return handles, state, loss
-
-    def _mend(self, node: Any, state: _Pass, grad_inputs: Any, grad_outputs: Any) -> Any:
-        torch = sys.modules["torch"]
-        with torch.no_grad():
-            out, flags = mend_node(torch, node, grad_inputs, grad_outputs, state.gate)
-        state.flags += flags
-        return out
-
-    def _pass_done(self, handles: list[Any], state: _Pass | None, loss: Any) -> None:
-        for handle in handles:
-            handle.remove()
-        if state is None or not handles:
-            return
-        torch = sys.modules["torch"]
-        with torch.no_grad():
-            changed = torch.stack(state.flags).any() if state.flags else loss.isnan()
-            # the loss where a value was changed, NaN where none was: one value to read
-            value = torch.where(changed, loss, torch.full_like(loss, float("nan")))
-        self.pending.append(PendingFlag(value))
-
-    def drain(self) -> None:
-        """Read the passes whose flags are ready (never waiting for one)."""
-        while self.pending and self.pending[0].ready():
-            value = float(self.pending.popleft().host[0].item())
-            self.passes += 1
-            self.quiet = self.quiet + 1 if value != value else 0
-            if value == value:  # not NaN: this pass was mended
-                self.repaired += 1
-                self.first = value if self.first is None else self.first
-                self.best = value if self.best is None else min(self.best, value)
-
-    def stalled(self, steps: int) -> bool:
-        """Judged once, after ``steps`` mended passes: the loss fell by less than 0.1%."""
-        if self.judged or not steps or self.repaired < steps:
-            return False
-        self.judged = True
-        first, best = self.first or 0.0, self.best or 0.0
-        return not best < first - FALL * abs(first)
-
 
 REPAIRED = (
     "from step {step} on, the non-finite gradient that {op} (the backward of the forward "
