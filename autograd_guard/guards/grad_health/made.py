@@ -52,6 +52,29 @@ def graph_nodes(roots: list[Any]) -> list[Any]:
     return nodes
 
 
+AUTOGRAD = ("backward", "grad")  # the functions a pass goes through, patched while in use
+
+
+def patch_autograd(
+    wrap: Callable[[str], Any], originals: dict[str, Any], patched: dict[str, Any]
+) -> None:
+    """``torch.autograd.backward`` and ``grad`` replaced by ``wrap(name)``; what was there
+    kept in ``originals``, what was put there in ``patched``."""
+    autograd = sys.modules["torch"].autograd
+    for name in AUTOGRAD:
+        originals[name] = getattr(autograd, name)
+        patched[name] = wrap(name)
+        setattr(autograd, name, patched[name])
+
+
+def unpatch_autograd(originals: dict[str, Any], patched: dict[str, Any]) -> None:
+    """What ``patch_autograd`` replaced, put back only where its own is still there."""
+    autograd = sys.modules["torch"].autograd
+    for name, original in originals.items():
+        if getattr(autograd, name) is patched[name]:
+            setattr(autograd, name, original)
+
+
 def node_key(node: Any) -> tuple[Any, ...]:
     """What a backward node is recognised by in later passes of the same code: its kind
     and the kinds of the nodes its gradients go to (the same call site makes the same)."""

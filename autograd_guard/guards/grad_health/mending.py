@@ -12,7 +12,14 @@ import sys
 import threading
 
 from autograd_guard.guards.grad_health.check import PendingFlag, gradient_sum
-from autograd_guard.guards.grad_health.made import graph_nodes, in_transform, mend_node, node_key
+from autograd_guard.guards.grad_health.made import (
+    graph_nodes,
+    in_transform,
+    mend_node,
+    node_key,
+    patch_autograd,
+    unpatch_autograd,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,14 +58,12 @@ class Repairer:
         self._hook = eager(self._mend)
 
     def arm(self) -> None:
-        torch = sys.modules["torch"]
         with self._lock:
             if self.armed:
                 return
-            for name in ("backward", "grad"):
-                self._originals[name] = getattr(torch.autograd, name)
-                self._patched[name] = self._eager(self._repairing(name))
-                setattr(torch.autograd, name, self._patched[name])
+            patch_autograd(
+                lambda n: self._eager(self._repairing(n)), self._originals, self._patched
+            )
             self.armed = True
 
     def disarm(self) -> None:
@@ -66,10 +71,7 @@ class Repairer:
             if not self.armed:
                 return
             self.armed = False
-            torch = sys.modules["torch"]
-            for name, original in self._originals.items():
-                if getattr(torch.autograd, name) is self._patched[name]:
-                    setattr(torch.autograd, name, original)
+            unpatch_autograd(self._originals, self._patched)
 
     def _repairing(self, name: str) -> Callable[..., Any]:
         keyword = "tensors" if name == "backward" else "outputs"

@@ -34,6 +34,8 @@ from autograd_guard.guards.grad_health.made import (
     mend_node,
     mendable,
     node_key,
+    patch_autograd,
+    unpatch_autograd,
 )
 
 TYPE_CHECKING = False
@@ -83,10 +85,7 @@ class BackwardProbe:
         with self._lock:
             self._anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
             torch.autograd.set_detect_anomaly(True, check_nan=False)
-            for name in ("backward", "grad"):
-                self._originals[name] = getattr(torch.autograd, name)
-                self._patched[name] = self._eager(self._probed(name))
-                setattr(torch.autograd, name, self._patched[name])
+            patch_autograd(lambda n: self._eager(self._probed(n)), self._originals, self._patched)
             self.armed = True
             self._deadline = time.monotonic() + SECONDS
         self._timer = threading.Timer(SECONDS, self.disarm)
@@ -99,9 +98,7 @@ class BackwardProbe:
                 return
             self.armed = False
             torch = sys.modules["torch"]
-            for name, original in self._originals.items():
-                if getattr(torch.autograd, name) is self._patched[name]:
-                    setattr(torch.autograd, name, original)
+            unpatch_autograd(self._originals, self._patched)
             if self._anomaly is not None and (
                 torch.is_anomaly_enabled() and not torch.is_anomaly_check_nan_enabled()
             ):  # still as the probe set it: the user's setting comes back
