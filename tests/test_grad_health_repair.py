@@ -155,6 +155,24 @@ def test_a_repair_that_does_not_train_is_a_stall():
     assert stalled and "repair stopped" in stalled[0]["event"]
 
 
+def test_parameters_that_repair_leaves_where_they_are_are_named_while_the_loss_falls():
+    """A norm at 0 in front of ``w``: its repaired gradient is 0, so ``w`` never moves,
+    while ``b`` trains and the loss falls; said once, as a warning, and repair goes on."""
+    w, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([w, b], lr=0.1)
+    autograd_guard.install({"guards": {"grad_health": {"stall_steps": 5}}})
+    with capture_events() as events:
+        for _ in range(12):
+            loss = torch.sqrt((w * w).sum()) + (b - 3).pow(2).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    [stuck] = [e for e in events if e["action"] == "repair_stuck"]
+    assert "have not moved" in stuck["event"] and "repair goes on" in stuck["event"]
+    assert stuck["level"] == "warning" and "training_stalled" not in actions(events)
+    assert torch.equal(w.detach(), torch.zeros(3)) and b.item() > 2.0
+
+
 def test_observe_says_what_fix_would_do_and_changes_nothing():
     reference = singular.soft_distance(steps=6)
     result, events = guarded(singular.soft_distance, {"mode": "observe"}, steps=6)

@@ -23,13 +23,21 @@ NOT_INTERVENTIONS = frozenset(
         "scripted_unguarded",
         "not_converted",
         "steps_skipped",
+        "steps_repaired",
         "summary",
     }
 )
 
 # Events that report a finding: a diagnosis of the user's code; nothing was changed.
 FINDINGS = frozenset(
-    {"lost_gradient", "nonfinite_origin", "training_stalled", "unattached_rules", "zero_gradient"}
+    {
+        "lost_gradient",
+        "nonfinite_origin",
+        "repair_stuck",
+        "training_stalled",
+        "unattached_rules",
+        "zero_gradient",
+    }
 )
 
 

@@ -212,6 +212,15 @@ def leaves_finite(torch: Any, node: Any) -> bool:
     return all(bool(v.isfinite().all()) for v in leaves)
 
 
+def leaves_below(nodes: list[Any]) -> list[Any]:
+    """The parameters (leaves) whose gradients pass through ``nodes``."""
+    return [
+        node.variable
+        for node in graph_nodes([n for root in nodes for n, _ in root.next_functions])
+        if getattr(node, "variable", None) is not None
+    ]
+
+
 def _deepest(first: Any, saved: Callable[[Any], dict[str, bool]]) -> Any:
     """The node nearest the leaves, below ``first``, that still holds a non-finite saved
     value (the value was made at or below it)."""

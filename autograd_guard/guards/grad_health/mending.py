@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 FALL = 1e-3  # the least relative fall of the loss that counts as training
+LOSS = "the loss has not fallen"
+STUCK = "the parameters behind it have not moved"
 REST = 20  # passes in a row that changed nothing, after which the repair stands down
 
 
@@ -50,6 +52,7 @@ class Repairer:
         self.best: float | None = None
         self.judged = False  # the stall check has been made
         self.site = "-"  # the step where repair began
+        self.behind: list[tuple[Any, Any]] = []  # (weak ref of a parameter, its sum then)
         self.armed = False
         self._eager = eager
         self._originals: dict[str, Any] = {}
@@ -135,10 +138,20 @@ class Repairer:
                 self.first = value if self.first is None else self.first
                 self.best = value if self.best is None else min(self.best, value)
 
-    def stalled(self, steps: int) -> bool:
-        """Judged once, after ``steps`` mended passes: the loss fell by less than 0.1%."""
+    def watch(self, behind: list[Any]) -> None:
+        """The parameters behind the repaired nodes (weak refs), each with a sum of its
+        values now (on the device), to tell later whether repair moved them."""
+        torch = sys.modules["torch"]
+        with torch.no_grad():
+            self.behind = [(ref, p.detach().sum()) for ref in behind if (p := ref()) is not None]
+
+    def stalled(self, steps: int) -> str | None:
+        """Judged once, after ``steps`` mended passes: what has not moved (one read)."""
         if self.judged or not steps or self.repaired < steps:
-            return False
+            return None
         self.judged = True
         first, best = self.first or 0.0, self.best or 0.0
-        return not best < first - FALL * abs(first)
+        if not best < first - FALL * abs(first):
+            return LOSS
+        moved = [bool(p.detach().sum() != then) for ref, then in self.behind if (p := ref())]
+        return STUCK if moved and not any(moved) else None

@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 from autograd_guard.guards.grad_health.check import gradient_sum
 from autograd_guard.guards.grad_health.made import (
@@ -30,6 +31,7 @@ from autograd_guard.guards.grad_health.made import (
     forward_maker,
     graph_nodes,
     in_transform,
+    leaves_below,
     leaves_finite,
     mend_node,
     mendable,
@@ -64,6 +66,7 @@ class BackwardProbe:
         self.made: tuple[str, str] | None = None  # the forward op that made them, its line
         self.loss_finite = True  # the last pass's roots were finite
         self.mended = False  # the last pass's gradients were mended (the step is not clean)
+        self.behind: list[Any] = []  # weak refs of the parameters behind those nodes
         self.recorded = self.stepped = 0
         self.armed = False
         self.origin: tuple[str, str] | None = None  # (backward op, forward file:line)
@@ -177,6 +180,7 @@ class BackwardProbe:
             repairable = self.loss_finite and all(ok for _, _, ok in makers)
             if repairable:
                 self.makers.update(node_key(node) for node, _, _ in makers)
+                self.behind = [weakref.ref(p) for p in leaves_below([n for n, _, _ in makers])]
             self.keys.append(node_key(makers[0][0]) if makers and repairable else None)
             if not makers:
                 return

@@ -24,7 +24,7 @@ it is found and confirmed again). observe says what fix would do.
 from __future__ import annotations
 
 from autograd_guard.guards.grad_health.gate import RUN
-from autograd_guard.guards.grad_health.mending import REST, Repairer
+from autograd_guard.guards.grad_health.mending import LOSS, REST, Repairer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -61,6 +61,11 @@ STALLED = (
     "{steps} optimizer steps ran with {op}'s gradient repaired and the loss has not fallen: "
     "0 is not the right limit there, or the parameters behind it are stuck; repair stopped "
     "(such steps are skipped again)"
+)
+STUCK = (
+    "{steps} optimizer steps ran with {op}'s gradient repaired and the parameters behind it "
+    "have not moved since: right where they sit at their optimum; otherwise 0 is not the "
+    "right limit there and they are stuck (the loss still falls: repair goes on)"
 )
 
 
@@ -99,6 +104,7 @@ class RepairFlow:
         if repairer is None:
             repairer = self._repairer = Repairer(self._hooks.eager)
         repairer.keys |= probe.makers  # armed once the probe has put torch's functions back
+        repairer.watch(probe.behind)
         repairer.quiet = 0
         repairer.repaired += 1  # this step's pass was mended by the probe
         op, line = probe.origin or ("<unknown>", "<unknown>")
@@ -143,22 +149,37 @@ class RepairFlow:
         if repairer.quiet >= REST:  # the singular point is behind: healthy steps pay nothing
             repairer.disarm()
             return
-        if repairer.stalled(self.config["stall_steps"]):
-            repairer.disarm()
-            self._repair_stopped = True
-            op = ", ".join(sorted({key[0] for key in repairer.keys}))
-            event, site = STALLED.format(steps=repairer.repaired, op=op), repairer.site
-            if self.config["on_stall"] == "raise":
-                self.refuse(event, action="training_stalled", callsite=site, remedy=REPAIR_REMEDY)
+        what = repairer.stalled(self.config["stall_steps"])
+        if what is not None:
+            self._repair_stalled(repairer, what)
+
+    def _repair_stalled(self, repairer: Repairer, what: str) -> None:
+        """The loss has not fallen: a stall, and the repair stops. The parameters behind
+        the op have not moved: a warning (the repair goes on while the loss falls)."""
+        op, site = ", ".join(sorted({key[0] for key in repairer.keys})), repairer.site
+        if what != LOSS:
             self.emit(
-                event,
-                action="training_stalled",
+                STUCK.format(steps=repairer.repaired, op=op),
+                action="repair_stuck",
                 callsite=site,
-                level="error",
                 remedy=REPAIR_REMEDY,
                 steps=repairer.repaired,
-                always=True,
             )
+            return
+        repairer.disarm()
+        self._repair_stopped = True
+        event = STALLED.format(steps=repairer.repaired, op=op)
+        if self.config["on_stall"] == "raise":
+            self.refuse(event, action="training_stalled", callsite=site, remedy=REPAIR_REMEDY)
+        self.emit(
+            event,
+            action="training_stalled",
+            callsite=site,
+            level="error",
+            remedy=REPAIR_REMEDY,
+            steps=repairer.repaired,
+            always=True,
+        )
 
     def _repair_exit(self) -> None:
         repairer = self._repairer
