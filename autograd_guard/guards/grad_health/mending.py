@@ -153,5 +153,6 @@ class Repairer:
         first, best = self.first or 0.0, self.best or 0.0
         if not best < first - FALL * abs(first):
             return LOSS
-        moved = [bool(p.detach().sum() != then) for ref, then in self.behind if (p := ref())]
+        params = [(ref(), then) for ref, then in self.behind]
+        moved = [bool(p.detach().sum() != then) for p, then in params if p is not None]
         return STUCK if moved and not any(moved) else None
