@@ -77,7 +77,6 @@ class Findings:
     fail: Callable[[str, BaseException], None]
     refuse: Callable[..., NoReturn]
     _repairs: Callable[[], bool]
-    _would_repair: Callable[[BackwardProbe, str], None]
     _repair_exit: Callable[[], None]
 
     def _nonfinite_remedy(self) -> str:
@@ -200,7 +199,6 @@ class Findings:
                 forward=line,
                 within=known[0] if known else None,
             )
-            self._would_repair(probe, self._probe_site or self._sites.site(None))
         elif at_exit and not probe.recorded:
             self._origin_unknown("the run ended before another backward pass")
         else:
@@ -237,7 +235,6 @@ class Findings:
             made=made,
             made_at=at,
         )
-        self._would_repair(probe, self._probe_site or self._sites.site(None))
 
     def _origin_unknown(self, why: str) -> None:
         find = FIND_IT if self.mode != "fix" else "wrap the failing step in " + DETECT

@@ -8,9 +8,10 @@ step is non-finite: fix skips them all, ``training_stalled`` fires, the run ends
 Users' own fixes (``torch.where`` on a safe input, ``clamp``, ``+ eps``, a Taylor branch)
 all give that point a finite gradient, usually the limit, and for a masked row exactly 0.
 Remedy (fix, ``nonfinite_fix = "repair"``): once the localiser has traced the non-finite
-values to the same backward node in two passes in a row (three non-finite steps in a
-row: a one-off batch stays a plain skip), every later backward pass has that node's
-non-finite outputs set to 0, and the step runs. Only while the loss is finite: a
+values to the same backward node in two passes in a row, at the optimizer's third
+non-finite step in a row (a one-off batch stays a plain skip, and so do several models
+meeting one bad batch), that step and every later backward pass have that node's
+non-finite outputs set to 0, and the steps run. Only while the loss is finite: a
 non-finite loss (or a non-finite forward value the loss uses) is a divergence, never
 repaired; those steps stay skipped. The mending is a few kernels per hooked node, on the
 device, with no host read: whether a pass changed a value, and its loss, are read once
@@ -18,7 +19,8 @@ they are ready (``PendingFlag``), never by waiting. A repair that has run ``stal
 steps without the loss falling has stalled: it is said as ``training_stalled``, and it
 stops (later such steps are skipped again). A repair that has changed nothing for 20
 passes in a row stands down (the run has left the singular point; should it come back,
-it is found and confirmed again). observe says what fix would do.
+it is found and confirmed again). observe's ``nonfinite_gradient`` says what fix would
+do.
 """
 
 from __future__ import annotations
@@ -37,17 +39,13 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.record import Record
     from autograd_guard.guards.grad_health.words import StepSites
 
+RECURS = 3  # non-finite steps in a row of one optimizer, the last repaired
 REPAIRED = (
     "from step {step} on, the non-finite gradient that {op} (the backward of the forward "
     "operation on line {line}) made in {passes} backward passes in a row is repaired at "
     "that op: its non-finite outputs are set to 0 (the limit torch.where or clamp on a "
     "safe input would give) and the step runs. The gradient was changed: it is not the "
     "derivative at that point"
-)
-WOULD = (
-    "{op} (the backward of the forward operation on line {line}) made non-finite gradients "
-    "in {passes} backward passes in a row: fix would set its non-finite outputs to 0 there "
-    "and run the step (observe changes nothing)"
 )
 WOULD_FIX = (
     "skip it, and once the same backward op makes such values again, set them to 0 there "
@@ -93,7 +91,10 @@ class RepairFlow:
         if probe is None or not probe.mended:
             return None
         probe.mended = False
-        if self.mode == "fix" and probe.confirmed() and self._repairs() and gated:
+        # a recurrence in time: this optimizer's own third non-finite step in a row (not
+        # several models' passes of one bad batch, each on the same line)
+        recurs = record.in_a_row >= RECURS - 1
+        if self.mode == "fix" and probe.confirmed() and recurs and self._repairs() and gated:
             self._repair_begins(optimizer, record, probe)
             record.in_a_row = 0
             return RUN
@@ -118,20 +119,6 @@ class RepairFlow:
             forward=line,
             step=record.step,
             ops=sorted({key[0] for key in probe.makers}),
-        )
-
-    def _would_repair(self, probe: BackwardProbe, site: str) -> None:
-        """observe: what fix would do once the same node made the values again."""
-        if self.mode != "observe" or not probe.confirmed() or not self._repairs():
-            return
-        op, line = probe.origin or ("<unknown>", "<unknown>")
-        self.emit(
-            WOULD.format(op=op, line=line, passes=len(probe.keys)),
-            action="nonfinite_repaired",
-            callsite=site,
-            remedy=REPAIR_REMEDY,
-            op=op,
-            forward=line,
         )
 
     def _repair_over(self, optimizer: Any) -> None:
