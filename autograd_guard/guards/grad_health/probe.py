@@ -10,10 +10,9 @@ whichever comes first (a timer covers a program that stops stepping), and puts b
 changed: the two functions, only if they are still its own, and anomaly mode, only if it is
 still as the probe set it.
 
-Where fix may repair (``nonfinite_fix = "repair"``), a probe pass also mends as it records:
-each node's non-finite outputs become 0 (only while the loss is finite), so that every
-node of the pass that makes such values is found in one pass, not only the first; the
-step that follows is still skipped until the same node has made them in two passes.
+Where fix may repair (``nonfinite_fix = "repair"``), a pass also mends each node's non-finite
+outputs as it records (to 0, while the loss is finite): every node that makes them is
+found in one pass; the step is still skipped until ``repair`` says otherwise.
 """
 
 from __future__ import annotations
