@@ -6,7 +6,9 @@ it alternate in blocks, in one process, and the table holds the median per-step 
 each. Also quoted: the same loop with a closure passed to every step (as Lightning does),
 and fused Adam with the guard's flag lent to the optimizer on the CPU (the CPU twin of the
 CUDA path, where torch has fused Adam for the CPU). The localising steps (armed only after
-a non-finite gradient) are quoted apart, against ``torch.autograd.detect_anomaly``. Where
+a non-finite gradient) are quoted apart, against ``torch.autograd.detect_anomaly``; so is
+a repairing step (after repair has begun: one node of each pass mended, its flag and the
+loss kept on the device and read once ready), guarded either way. Where
 CUDA is available, three more rows on the GPU: a step of >= 5 ms (MLP 1024-4096-4096-1,
 batch 8192) with fused Adam (the flag stays on the device, no host sync) and with Adam's
 default foreach step (the flag read, one sync per step), and a short step (the CPU's MLP,
@@ -31,6 +33,8 @@ from benchtable import Row, print_table
 import autograd_guard
 from autograd_guard.guards.grad_health import check as _grad_check
 from autograd_guard.guards.grad_health import probe as _grad_probe
+from autograd_guard.guards.grad_health.made import node_key
+from autograd_guard.guards.grad_health.mending import Repairer
 from autograd_guard.guards.grad_health.probe import BackwardProbe
 
 warnings.filterwarnings("ignore", "Anomaly Detection has been enabled")
@@ -69,6 +73,7 @@ def per_step(steps: int, context: str = "") -> float:
     anomaly = torch.autograd.detect_anomaly() if context == "anomaly" else None
     # as the guard arms it once torch._dynamo is imported: its hooks disabled for Dynamo
     probe = BackwardProbe(10**9, 10**9, torch._dynamo.disable) if context == "probe" else None
+    repairer = repairing(model, x, y) if context == "repair" else None
     if anomaly is not None:
         anomaly.__enter__()
     if probe is not None:
@@ -84,6 +89,8 @@ def per_step(steps: int, context: str = "") -> float:
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
             optimizer.step()
+            if repairer is not None:
+                repairer.drain()  # as the guard does after each step
         _synchronize(context)
         return (CLOCK[0]() - start) / steps * 1e3
     finally:
@@ -91,6 +98,18 @@ def per_step(steps: int, context: str = "") -> float:
             anomaly.__exit__(None, None, None)
         if probe is not None:
             probe.disarm()
+        if repairer is not None:
+            repairer.disarm()
+
+
+def repairing(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Repairer:
+    """A repairer armed for the output layer's backward node (as once repair has begun at
+    an op there): every pass mends that node's outputs."""
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    repairer = Repairer(torch._dynamo.disable)
+    repairer.keys.add(node_key(loss.grad_fn.next_functions[0][0]))
+    repairer.arm()
+    return repairer
 
 
 def closure(
@@ -197,9 +216,14 @@ def cuda_rows(steps: int, count: int) -> list[Row]:
 
 
 def localising_rows(steps: int) -> list[Row]:
-    local = blocks({"bare": "", "anomaly": "anomaly", "guarded probe": "probe"}, steps, 5)
+    local = blocks(
+        {"bare": "", "anomaly": "anomaly", "guarded probe": "probe", "guarded repair": "repair"},
+        steps,
+        5,
+    )
     bare, anomaly, probe = local["bare"], local["anomaly"], local["guarded probe"]
     return [
+        Row("grad", f"{CASE}: repairing step vs bare", bare, local["guarded repair"], "ms"),
         Row("grad", f"{CASE}: localising step vs bare", bare, probe, "ms", "after a NaN only"),
         Row("grad", f"{CASE}: detect_anomaly step vs bare", bare, anomaly, "ms", "for scale"),
         Row("grad", f"{CASE}: localising step vs detect_anomaly", anomaly, probe, "ms"),

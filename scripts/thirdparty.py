@@ -32,6 +32,11 @@ PACKAGES: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
     "warp-1.17.0": (["warp-lang==1.17.0"], {}, []),
     # Pure-Python wheel; it imports packaging without declaring it (installed with us).
     "gsplat": (["gsplat==1.5.3"], {}, []),
+    # RoMa's rotvec_to_rotmat: 1.2.1 divides the rotation vector by its norm before the
+    # small-angle branch (a NaN gradient at the identity); 1.3.0 is the fixed release.
+    # Pure Python, torch only.
+    "roma-1.2.1": (["roma==1.2.1"], {}, []),
+    "roma-1.3.0": (["roma==1.3.0"], {}, []),
     # PyTorch3D's real Python code without its compiled extension.
     "pytorch3d": (
         ["easypytorch3d==0.7.9.post1"],

@@ -16,6 +16,7 @@ import autograd_guard
 from autograd_guard.testing import capture_events
 
 ORIGINAL_BACKWARD = torch.autograd.backward
+SKIP = {"guards": {"grad_health": {"nonfinite_fix": "skip"}}}  # every non-finite step skipped
 OPTIM = "torch.optim.optimizer"  # the module grad_health hooks into
 
 
@@ -101,7 +102,7 @@ def adam_state(optimizer, w):
 def test_fix_skips_the_step_and_names_the_op_and_the_forward_line():
     w, optimizer = nan_loop(1)
     after_one, state = w.detach().clone(), adam_state(optimizer, w)
-    autograd_guard.install({})
+    autograd_guard.install(SKIP)
     with capture_events() as events:
         w, optimizer = nan_loop(4)
     assert torch.isfinite(w).all() and torch.equal(w.detach(), after_one)
@@ -287,12 +288,12 @@ class Norm(torch.nn.Module):
         return self.lin(x).pow(2).sum(1).pow(0.5)  # POW: d/dx at an exact zero is inf
 
 
-def norm_run(mode: str) -> list[dict]:
+def norm_run(mode: str, fix: str = "skip") -> list[dict]:
     net = Norm()
     torch.nn.init.zeros_(net.lin.weight)
     torch.nn.init.zeros_(net.lin.bias)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-    autograd_guard.install({"mode": mode})
+    autograd_guard.install({"mode": mode, "guards": {"grad_health": {"nonfinite_fix": fix}}})
     with capture_events() as events:
         for _ in range(6):
             optimizer.zero_grad()
@@ -319,7 +320,8 @@ def test_observe_never_blames_an_op_of_a_forward_that_was_already_not_finite():
     assert first["parameters"] == ["lin.weight", "lin.bias"]
     assert "nonfinite_origin event follows" in first["remedy"]
     assert "op" not in origin and "could not be found" in origin["event"]
-    assert "already non-finite in the forward pass" in origin["event"]
+    assert "already non-finite when they entered the forward pass" in origin["event"]
+    assert "observe let steps with non-finite gradients through" in origin["event"]
     assert "AUTOGRAD_GUARD=fix" in origin["remedy"] and "detect_anomaly" in origin["remedy"]
     assert not torch.is_anomaly_enabled() and torch.autograd.backward is ORIGINAL_BACKWARD
 

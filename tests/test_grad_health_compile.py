@@ -97,10 +97,14 @@ def test_under_torch_compile_the_check_runs_at_a_graph_break():
         for _ in range(3):
             step()
     assert all(torch.equal(b, p) for b, p in zip(before, net.parameters(), strict=True))
-    assert [e["action"] for e in events] == ["nonfinite_gradient", "nonfinite_origin"]
+    # two steps skipped, the third repaired at the op (its gradient there is 0: the weights
+    # stay where they are)
+    kinds = [e["action"] for e in events]
+    assert kinds == ["nonfinite_gradient", "nonfinite_repaired", "nonfinite_origin"]
     assert events[0]["parameters"] == ["weight", "bias"]  # not Dynamo's own names
-    forward = events[1]["forward"]  # the compiled function's line, and the op's
-    assert forward.startswith(f"{__file__}:") and "pow(0.5)" in forward
+    for event in events[1:]:
+        forward = event["forward"]  # the compiled function's line, and the op's
+        assert forward.startswith(f"{__file__}:") and "pow(0.5)" in forward
     torch._dynamo.reset()
 
 

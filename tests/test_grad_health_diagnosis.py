@@ -49,7 +49,11 @@ def run(python: Path, tmp_path: Path, code: str, mode: str, **env: str):
     return result, [e for e in events if e["action"] != "summary"], events
 
 
+SKIP = '[guards.grad_health]\nnonfinite_fix = "skip"\n'
+
+
 def test_sqrt_of_zero_in_fix_names_the_op_and_the_line(guard_python, tmp_path):
+    (tmp_path / "autograd_guard.toml").write_text(SKIP)
     result, events, _ = run(guard_python, tmp_path, SQRT.format(steps=8, bad="(3, 4, 5)"), "fix")
     assert result.returncode == 0 and "finite: True" in result.stdout
     first, origin, *rest = events
@@ -67,7 +71,8 @@ def test_sqrt_of_zero_in_observe_blames_no_op_of_an_already_poisoned_forward(
     assert "finite: False" in result.stdout  # observe changes nothing
     first, origin = events
     assert "fix would skip it" in first["event"]
-    assert "op" not in origin and "already non-finite in the forward pass" in origin["event"]
+    assert "op" not in origin and "already non-finite when they entered" in origin["event"]
+    assert "observe let steps with non-finite gradients through" in origin["event"]
     assert "AUTOGRAD_GUARD=fix" in origin["remedy"]
 
 
@@ -131,6 +136,7 @@ NAN_EVERY_STEP = SQRT.format(steps=90, bad="range(90)")
 
 
 def test_nan_on_every_step_is_never_quiet(guard_python, tmp_path):
+    (tmp_path / "autograd_guard.toml").write_text(SKIP)
     _result, events, everything = run(guard_python, tmp_path, NAN_EVERY_STEP, "fix")
     stalls = [e for e in events if e["action"] == "training_stalled"]
     assert [e["steps"] for e in stalls] == [20, 40, 80]  # again each time it doubles
@@ -139,6 +145,19 @@ def test_nan_on_every_step_is_never_quiet(guard_python, tmp_path):
     assert skipped["event"].startswith("90 of 90 optimizer steps") and skipped["level"] == "error"
     [summary] = [e for e in everything if e["action"] == "summary"]
     assert any("steps_skipped" in site for site in summary["sites"])
+
+
+def test_a_repair_that_cannot_lower_the_loss_is_never_quiet(guard_python, tmp_path):
+    """The loss is sqrt(0) on every step: repair gives the limit, 0, and the loss cannot
+    fall; the repair is said to have stalled, stops, and the skipped steps stall again."""
+    _result, events, _ = run(guard_python, tmp_path, NAN_EVERY_STEP, "fix")
+    kinds = [e["action"] for e in events]
+    assert kinds[:3] == ["nonfinite_gradient", "nonfinite_repaired", "nonfinite_origin"]
+    stalls = [e for e in events if e["action"] == "training_stalled"]
+    assert "repair stopped" in stalls[0]["event"] and stalls[0]["level"] == "error"
+    assert len(stalls) >= 2  # then the skipped steps stall, as without repair
+    [repaired] = [e for e in events if e["action"] == "steps_repaired"]
+    assert repaired["steps"] == 20
 
 
 @pytest.mark.parametrize("mode", ["fix", "observe"])

@@ -223,7 +223,8 @@ def grad_loop(steps: int) -> dict[str, object]:
 def test_the_localiser_disarms_in_autograd_grad_loops_and_names_the_op():
     # It counted backward() calls only: anomaly mode and the patched backward stayed on
     # for the rest of the run.
-    bare, guarded, events = twin(lambda: grad_loop(12))
+    skip = {"guards": {"grad_health": {"nonfinite_fix": "skip"}}}  # three bad steps: no repair
+    bare, guarded, events = twin(lambda: grad_loop(12), skip)
     assert guarded["anomaly"] is bare["anomaly"] is False
     assert torch.autograd.backward is ORIGINAL_BACKWARD
     assert torch.autograd.grad is ORIGINAL_GRAD
@@ -438,8 +439,9 @@ def test_each_action_has_its_own_remedy_and_strict_names_what_it_can():
     with capture_events() as events:
         program()
     remedies = {e["action"]: e["remedy"] for e in events}
-    assert remedies.keys() == {"lost_gradient", "nonfinite_gradient", "nonfinite_origin"}
-    assert len(set(remedies.values())) == 3
+    actions = {"lost_gradient", "nonfinite_gradient", "nonfinite_origin", "nonfinite_repaired"}
+    assert remedies.keys() == actions  # three bad steps in a row: the third is repaired
+    assert len(set(remedies.values())) == 4
     origin = next(e for e in events if e["action"] == "nonfinite_origin")
     assert " at " not in origin["event"]  # the line format adds " at <call site>"
     autograd_guard.uninstall()

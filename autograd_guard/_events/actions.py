@@ -23,6 +23,7 @@ NOT_INTERVENTIONS = frozenset(
         "scripted_unguarded",
         "not_converted",
         "steps_skipped",
+        "steps_repaired",
         "summary",
         "unused_parameter",
     }
@@ -38,6 +39,7 @@ FINDINGS = frozenset(
         "lost_gradient",
         "no_gradient",
         "nonfinite_origin",
+        "repair_stuck",
         "training_stalled",
         "unattached_rules",
         "zero_gradient",

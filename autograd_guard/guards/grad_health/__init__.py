@@ -25,13 +25,16 @@ DTensor) decide together through one all-reduced flag. A fused optimizer on CUDA
 the flag and skips on the device, with no host sync; steps that GradScaler hands to a
 fused optimizer are its to skip. After the first non-finite step, a few backward passes
 are recorded to name the backward op that first produced the value and the forward line
-that ran it. A parameter that gets no gradient over the first ``lost_steps`` steps while
-others do is named once: a finding where its module ran in the forward pass, a note where
-it never did (``usage``); an optimizer that sees no gradient at all for ``lost_steps``
-steps in a row is a finding; so is a run whose every step is non-finite for
-``stall_steps`` steps, and one whose every gradient is exactly zero (finite, present, and
-0.0: a detached loss term, a hard silhouette, a mask of zeros, dead ReLUs) for
-``zero_steps`` steps (``zero``).
+that ran it (or the forward op that made a value the forward pass already held). Where
+that same op makes them again (a singular point where the parameters sit: a norm at 0, a
+fully masked softmax row, ``log(0)``), fix repairs the gradient there: the op's non-finite
+outputs become 0 and the step runs (``nonfinite_fix``; ``repair``). A parameter that
+gets no gradient over the first ``lost_steps`` steps while others do is named once: a
+finding where its module ran in the forward pass, a note where it never did (``usage``);
+an optimizer that sees no gradient at all for ``lost_steps`` steps in a row is a finding;
+so is a run whose every step is non-finite for ``stall_steps`` steps, and one whose every
+gradient is exactly zero (finite, present, and 0.0: a detached loss term, a hard
+silhouette, a mask of zeros, dead ReLUs) for ``zero_steps`` steps (``zero``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from autograd_guard.guards.grad_health.flow import StepFlow
 from autograd_guard.guards.grad_health.gate import SKIP, Gates
 from autograd_guard.guards.grad_health.probe import BackwardProbe
 from autograd_guard.guards.grad_health.record import Records
+from autograd_guard.guards.grad_health.repair import WOULD_FIX, RepairFlow
 from autograd_guard.guards.grad_health.words import ON_DEVICE, StepSites, step_outcome, stop_outcome
 
 TYPE_CHECKING = False
@@ -58,10 +62,11 @@ if TYPE_CHECKING:
     from autograd_guard.guard import Target
     from autograd_guard.guards.grad_health.closure import Evaluation
     from autograd_guard.guards.grad_health.dist import Sharing
+    from autograd_guard.guards.grad_health.mending import Repairer
     from autograd_guard.guards.grad_health.record import Record
 
 
-class GradHealth(StepFlow, Findings, Guard):
+class GradHealth(StepFlow, RepairFlow, Findings, Guard):
     name = "grad_health"
     symptom = "a parameter gets no gradient, or a non-finite gradient reaches the optimizer"
     upstream = "https://github.com/pytorch/pytorch/issues/160016"
@@ -85,6 +90,15 @@ class GradHealth(StepFlow, Findings, Guard):
             "backward passes recorded after a non-finite step to find its op (0: off)",
             minimum=0,
             maximum=1000,
+        ),
+        "nonfinite_fix": Option(
+            str,
+            "repair",
+            "what fix does when the same backward op makes non-finite gradients step after "
+            "step (a singular point where the parameters sit): set its non-finite outputs "
+            "to 0 and run the step (repair), or skip every such step (skip); a one-off "
+            "non-finite step, or a non-finite loss, is always skipped",
+            choices=("repair", "skip"),
         ),
         "stall_steps": Option(
             int,
@@ -124,6 +138,8 @@ class GradHealth(StepFlow, Findings, Guard):
         self._probes_left = 3  # a probe may find nothing (another thread's passes)
         self._named: set[tuple[str, str]] = set()  # (action, call site) named already
         self._probe_lock = threading.Lock()
+        self._repairer: Repairer | None = None
+        self._repair_stopped = False  # a repair stalled: such steps are skipped again
 
     def steps_watched(self) -> int:
         """Optimizer steps seen so far, of every optimizer."""
@@ -154,6 +170,8 @@ class GradHealth(StepFlow, Findings, Guard):
             if self._probe is not None:
                 self._probe.disarm()
                 self._probe = None
+        if self._repairer is not None:
+            self._repairer.disarm()
 
     def _nonfinite(
         self,
@@ -181,6 +199,8 @@ class GradHealth(StepFlow, Findings, Guard):
         )
         if on_device:
             done = ON_DEVICE[self.mode]
+        elif self.mode == "observe" and self._repairs():
+            done = done.replace("fix would skip it)", f"fix would {WOULD_FIX})")
         if verdict == SKIP:
             record.skipped += 1
         if speaks:

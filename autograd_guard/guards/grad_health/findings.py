@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 
 from autograd_guard.guards.grad_health.advice import advice
+from autograd_guard.guards.grad_health.made import LEAF
 from autograd_guard.guards.grad_health.probe import BackwardProbe
 from autograd_guard.guards.grad_health.zero import event as zero_event
 from autograd_guard.guards.grad_health.zero import zero_remedy
@@ -42,6 +43,11 @@ ORIGIN_REMEDY = (
     "make that forward operation safe for gradients: add an epsilon (sqrt(x + eps)), "
     "clamp its input, or compute it with torch.where on a safe input"
 )
+MADE_REMEDY = (
+    "keep that forward value finite even where the loss drops it: a fully masked softmax "
+    "row needs a finite fill (or torch.where on the scores), log(x) a clamp(min=eps) or "
+    "torch.where on a safe input, x / y a safe denominator"
+)
 STALL_REMEDY = (
     "stop the run and fix the op that makes the non-finite value, or resume from a "
     "checkpoint: a step with non-finite gradients does not train"
@@ -66,6 +72,8 @@ class Findings:
     fail: Callable[[str, BaseException], None]
     refuse: Callable[..., NoReturn]
     _usage_at_exit: Callable[[Record], None]
+    _repairs: Callable[[], bool]
+    _repair_exit: Callable[[], None]
 
     def _nonfinite_remedy(self) -> str:
         """What to do, pointing only at events that will come."""
@@ -121,6 +129,8 @@ class Findings:
             if self._probe is None and self._probes_left > 0:
                 self._probes_left -= 1
                 probe = BackwardProbe(passes, passes + 2, self._hooks.eager)
+                probe.confirm = self._repairs() and self.mode in ("fix", "observe")
+                probe.mend = probe.confirm and self.mode == "fix"
                 probe.arm()
                 self._probe, self._probe_site = probe, site
 
@@ -134,6 +144,8 @@ class Findings:
         if probe.error is not None:
             self.fail("localise", probe.error)
             self._origin_unknown("the localiser failed (a guard_error event says why)")
+        elif probe.tainted:
+            self._made_in_forward(probe)
         elif probe.origin is not None:
             op, line = probe.origin
             known = advice(op, probe.frames)  # a library function's known singular point
@@ -148,12 +160,6 @@ class Findings:
                 forward=line,
                 within=known[0] if known else None,
             )
-        elif probe.tainted:
-            self._origin_unknown(
-                "the next backward pass ran on values that were already non-finite in the "
-                "forward pass (weights or inputs: the step that made them was let through, "
-                "as observe does), so no op there made them"
-            )
         elif at_exit and not probe.recorded:
             self._origin_unknown("the run ended before another backward pass")
         else:
@@ -161,6 +167,35 @@ class Findings:
                 f"the next {probe.recorded} backward pass(es) had no non-finite gradient (a "
                 "one-off value: one bad batch or sample?)"
             )
+
+    def _made_in_forward(self, probe: BackwardProbe) -> None:
+        """The forward pass held the value already: the op that made it, or why no op did."""
+        if probe.made is None or probe.made[0] == LEAF or probe.origin is None:
+            let = (
+                "observe let steps with non-finite gradients through, which may have made "
+                "them non-finite"
+                if self.mode == "observe"
+                else "no checked step made them: fix skips every step with non-finite gradients"
+            )
+            self._origin_unknown(
+                "the next backward pass ran on values that were already non-finite when they "
+                f"entered the forward pass (weights or inputs: {let}), so no op there made them"
+            )
+            return
+        (made, at), (op, line) = probe.made, probe.origin
+        dropped = ", and the loss left it out" if probe.loss_finite else ""
+        self.emit(
+            f"the forward pass already held a non-finite value: {made} on line {at} made it"
+            f"{dropped}; the first non-finite gradient came out of {op}, the backward of the "
+            f"forward operation on line {line}, which used that value",
+            action="nonfinite_origin",
+            callsite=self._probe_site or self._sites.site(None),
+            remedy=MADE_REMEDY,
+            op=op,
+            forward=line,
+            made=made,
+            made_at=at,
+        )
 
     def _origin_unknown(self, why: str) -> None:
         find = FIND_IT if self.mode != "fix" else "wrap the failing step in " + DETECT
@@ -178,6 +213,7 @@ class Findings:
         if probe is not None:
             probe.disarm()
             self._probe_finished(probe, at_exit=True)
+        self._repair_exit()
         for record in self._records.all():
             self._usage_at_exit(record)
             if record.skipped:

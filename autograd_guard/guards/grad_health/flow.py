@@ -54,6 +54,8 @@ class StepFlow(ZeroFlow, UsageFlow, ClosureFlow):
     _nonfinite: Callable[..., object]
     _report_lost: Callable[..., None]
     _probe_finished: Callable[..., None]
+    _mended_verdict: Callable[..., object | None]
+    _repair_over: Callable[[Any], None]
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The first global pre-hook: gate the optimizer's class (once per class); a class
@@ -161,6 +163,9 @@ class StepFlow(ZeroFlow, UsageFlow, ClosureFlow):
             )
         if not grads:
             return RUN
+        mended = self._mended_verdict(optimizer, record, gated)
+        if mended is not None:
+            return mended
         first = grads[0]
         plain = type(first) is sys.modules["torch"].Tensor  # not fake tensors and the like
         slot = self._finite.slot(first.device) if plain else None
@@ -239,6 +244,7 @@ class StepFlow(ZeroFlow, UsageFlow, ClosureFlow):
             probe = self._probe
             if probe is not None and probe.step_done():
                 self._probe_finished(probe)
+            self._repair_over(optimizer)
         except Exception as exc:  # fail open
             self.fail("after step", exc)
 

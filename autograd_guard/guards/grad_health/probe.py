@@ -9,6 +9,10 @@ after the pass). It disarms after a few passes, a few optimizer steps or some se
 whichever comes first (a timer covers a program that stops stepping), and puts back what it
 changed: the two functions, only if they are still its own, and anomaly mode, only if it is
 still as the probe set it.
+
+Where fix may repair (``nonfinite_fix = "repair"``), a pass also mends each node's non-finite
+outputs as it records (to 0, while the loss is finite): every node that makes them is
+found in one pass; the step is still skipped until ``repair`` says otherwise.
 """
 
 from __future__ import annotations
@@ -18,13 +22,30 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 from autograd_guard.guards.grad_health.check import gradient_sum
+from autograd_guard.guards.grad_health.made import (
+    LEAF,
+    forward_maker,
+    graph_nodes,
+    in_transform,
+    leaves_below,
+    leaves_finite,
+    mend_node,
+    mendable,
+    node_key,
+    patch_autograd,
+    unpatch_autograd,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
+
+    # a node, its outputs, their sums and its saved values', their names, mendable if tainted
+    Pending = tuple[Any, int, list[Any], list[str], bool]
 
 _OWN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 SECONDS = 30.0  # the longest a probe stays armed
@@ -33,8 +54,18 @@ SECONDS = 30.0  # the longest a probe stays armed
 class BackwardProbe:
     """Records up to ``passes`` backward passes, over at most ``steps`` optimizer steps."""
 
-    def __init__(self, passes: int, steps: int, eager: Callable[[Any], Any]) -> None:
+    def __init__(
+        self, passes: int, steps: int, eager: Callable[[Any], Any], mend: bool = False
+    ) -> None:
         self.passes, self.steps = passes, steps
+        self.mend = mend  # fix with repair: mend each node's output as it is recorded
+        self.confirm = mend  # go on until two passes name the same node (or one names none)
+        self.keys: list[tuple[Any, ...] | None] = []  # per pass: the first node's key (None: none)
+        self.makers: set[tuple[Any, ...]] = set()  # every node key that made such values
+        self.made: tuple[str, str] | None = None  # the forward op that made them, its line
+        self.loss_finite = True  # the last pass's roots were finite
+        self.mended = False  # the last pass's gradients were mended (the step is not clean)
+        self.behind: list[Any] = []  # weak refs of the parameters behind those nodes
         self.recorded = self.stepped = 0
         self.armed = False
         self.origin: tuple[str, str] | None = None  # (backward op, forward file:line)
@@ -49,16 +80,14 @@ class BackwardProbe:
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
         self._node_hook = eager(self._check_node)  # one wrapper for every node
+        self._gate: Any = None  # this pass's roots are finite (a flag on their device)
 
     def arm(self) -> None:
         torch = sys.modules["torch"]
         with self._lock:
             self._anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
             torch.autograd.set_detect_anomaly(True, check_nan=False)
-            for name in ("backward", "grad"):
-                self._originals[name] = getattr(torch.autograd, name)
-                self._patched[name] = self._eager(self._probed(name))
-                setattr(torch.autograd, name, self._patched[name])
+            patch_autograd(lambda n: self._eager(self._probed(n)), self._originals, self._patched)
             self.armed = True
             self._deadline = time.monotonic() + SECONDS
         self._timer = threading.Timer(SECONDS, self.disarm)
@@ -71,9 +100,7 @@ class BackwardProbe:
                 return
             self.armed = False
             torch = sys.modules["torch"]
-            for name, original in self._originals.items():
-                if getattr(torch.autograd, name) is self._patched[name]:
-                    setattr(torch.autograd, name, original)
+            unpatch_autograd(self._originals, self._patched)
             if self._anomaly is not None and (
                 torch.is_anomaly_enabled() and not torch.is_anomaly_check_nan_enabled()
             ):  # still as the probe set it: the user's setting comes back
@@ -89,10 +116,16 @@ class BackwardProbe:
             self.disarm()
         return not self.armed
 
+    def confirmed(self) -> bool:
+        """The same node made non-finite values in the last two passes."""
+        return len(self.keys) >= 2 and self.keys[-1] is not None and self.keys[-1] == self.keys[-2]
+
     def _finished(self) -> bool:
+        named = self.origin is not None or self.tainted
+        if self.confirm and named:
+            named = self.confirmed() or (bool(self.keys) and self.keys[-1] is None)
         return (
-            self.origin is not None
-            or self.tainted
+            named
             or self.error is not None
             or self.recorded >= self.passes
             or time.monotonic() > self._deadline
@@ -103,10 +136,11 @@ class BackwardProbe:
 
         def probed(*args: Any, **kwargs: Any) -> Any:
             original = self._originals[name]
-            if not self.armed or self._finished() or _in_transform():
+            if not self.armed or self._finished() or in_transform():
                 return original(*args, **kwargs)
-            pending: list[tuple[Any, int, list[Any]]] = []  # (node, its output sums), in order
-            handles = self._hook_graph(args[0] if args else kwargs.get(keyword), pending)
+            pending: list[Pending] = []  # (node, its output sums), in order
+            roots = args[0] if args else kwargs.get(keyword)
+            handles = self._hook_graph(roots, pending)
             try:
                 return original(*args, **kwargs)
             finally:
@@ -114,71 +148,82 @@ class BackwardProbe:
 
         return probed
 
-    def _hook_graph(self, tensors: Any, pending: list[tuple[Any, int, list[Any]]]) -> list[Any]:
+    def _hook_graph(self, tensors: Any, pending: list[Pending]) -> list[Any]:
         """Hooks on this pass's nodes, each writing to this pass's ``pending`` (another
         thread's pass has its own; on CUDA the hooks run in autograd's device threads)."""
         torch = sys.modules["torch"]
         handles = []
         try:
             roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-            for node in _graph([t.grad_fn for t in roots if t.grad_fn is not None]):
+            with torch.no_grad():
+                sums = [gradient_sum(torch, t) for t in roots if t.is_floating_point()]
+                self._gate = torch.stack(sums).isfinite().all() if sums else None
+            for node in graph_nodes([t.grad_fn for t in roots if t.grad_fn is not None]):
                 hook = functools.partial(self._node_hook, node, pending)
                 handles.append(node.register_hook(hook))
         except Exception as exc:
             self.error = exc
         return handles
 
-    def _pass_done(self, handles: list[Any], pending: list[tuple[Any, int, list[Any]]]) -> None:
+    def _pass_done(self, handles: list[Any], pending: list[Pending]) -> None:
         self.recorded += 1
         try:
             for handle in handles:
                 handle.remove()
-            found = _first_nonfinite(sys.modules["torch"], pending)
-            if found is TAINTED:
+            torch = sys.modules["torch"]
+            gate = self._gate
+            self.loss_finite = gate is None or bool(gate)
+            makers, saved = _nonfinite_nodes(torch, pending)
+            self.mended = self.mend and self.loss_finite and bool(makers)
+            # a non-finite loss is a divergence, never repaired; nor a node that mixes values
+            repairable = self.loss_finite and all(ok for _, _, ok in makers)
+            if repairable:
+                self.makers.update(node_key(node) for node, _, _ in makers)
+                self.behind = [weakref.ref(p) for p in leaves_below([n for n, _, _ in makers])]
+            self.keys.append(node_key(makers[0][0]) if makers and repairable else None)
+            if not makers:
+                return
+            found, tainted, _ = makers[0]
+            frames = _frames(found)
+            self.frames = tuple((file, function) for file, _, function, _ in frames)
+            if tainted:  # the forward pass held the value already: which op made it
                 self.tainted = True
-            elif found is not None:
-                frames = _frames(found)
-                self.origin = type(found).__name__, _forward_line(frames)
-                self.frames = tuple((file, function) for file, _, function, _ in frames)
+                maker = forward_maker(found, lambda node: saved.get(id(node), {}))
+                if not leaves_finite(torch, found):  # the weights came in non-finite
+                    maker = (LEAF, found)
+                if maker is not None:
+                    self.made = (maker[0], _forward_line(_frames(maker[1])))
+            self.origin = type(found).__name__, _forward_line(frames)
         except Exception as exc:
             self.error = exc
 
     def _check_node(
-        self, node: Any, pending: list[tuple[Any, int, list[Any]]], grad_inputs: Any, _: Any
-    ) -> None:
+        self, node: Any, pending: list[Pending], grad_inputs: Any, grad_outputs: Any
+    ) -> Any:
         # Nodes run in topological order: the first one whose output is not finite, all
         # of whose inputs came from nodes before it, made the value.
-        if not self.armed or self.origin is not None:
-            return
+        if not self.armed or (self.origin is not None and not self.confirm):
+            return None
         torch = sys.modules["torch"]
         try:
             with torch.no_grad():
                 sums = [gradient_sum(torch, g) for g in grad_inputs if g is not None]
                 outputs = len(sums)
-                if sums:  # what the forward op saw: a value already non-finite is no origin
-                    sums += [gradient_sum(torch, t) for t in _saved_tensors(node)]
+                saved = _saved_tensors(node) if sums else []
+                # what the forward op saw: a value already non-finite is no origin
+                sums += [gradient_sum(torch, t) for _, t in saved]
             if sums:
-                pending.append((node, outputs, sums))
+                local = mendable(node, True, grad_inputs, grad_outputs)  # if it was tainted
+                pending.append((node, outputs, sums, [name for name, _ in saved], local))
+            if self.mend:  # later nodes see finite values: each maker is found in one pass
+                return mend_node(torch, node, grad_inputs, grad_outputs, self._gate)[0]
         except Exception as exc:
             self.error = exc
+        return None
 
 
-def _in_transform() -> bool:
-    """A ``torch.func`` transform (vmap, grad, jacrev) runs this pass: its tensors are
-    wrapped per level and cannot be read outside it, so the probe steps aside."""
-    functorch = getattr(sys.modules["torch"]._C, "_functorch", None)
-    peek = getattr(functorch, "peek_interpreter_stack", None)
-    try:
-        return peek is not None and peek() is not None
-    except Exception:
-        return True
-
-
-TAINTED = object()  # the first non-finite output came of non-finite forward values
-
-
-def _saved_tensors(node: Any) -> list[Any]:
-    """The floating-point tensors a backward node saved from its forward op."""
+def _saved_tensors(node: Any) -> list[tuple[str, Any]]:
+    """The floating-point tensors a backward node saved from its forward op, by name."""
     names = _SAVED.get(type(node))
     if names is None:
         names = _SAVED[type(node)] = [n for n in dir(type(node)) if n.startswith("_saved_")]
@@ -191,18 +236,21 @@ def _saved_tensors(node: Any) -> list[Any]:
             continue
         for item in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(item, torch.Tensor) and (item.is_floating_point() or item.is_complex()):
-                found.append(item)
+                found.append((name, item))
     return found
 
 
 _SAVED: dict[type, list[str]] = {}
 
 
-def _first_nonfinite(torch: Any, pending: list[tuple[Any, int, list[Any]]]) -> Any:
-    """The first node in ``pending`` with a non-finite output from finite forward values
-    (``TAINTED`` when the first such output came of non-finite ones), read with one sync
-    per device."""
-    flat = [flag for _, _, flags in pending for flag in flags]
+def _nonfinite_nodes(
+    torch: Any, pending: list[Pending]
+) -> tuple[list[tuple[Any, bool, bool]], dict[int, dict[str, bool]]]:
+    """The nodes in ``pending`` with a non-finite output, in order, each with whether its
+    forward values were already non-finite (tainted) and whether it can be mended; and
+    each node's saved values, by
+    name, finite or not (by ``id``). Read with one sync per device."""
+    flat = [flag for _, _, flags, _, _ in pending for flag in flags]
     by_device: dict[Any, list[int]] = {}
     for index, flag in enumerate(flat):
         by_device.setdefault(flag.device, []).append(index)
@@ -211,27 +259,14 @@ def _first_nonfinite(torch: Any, pending: list[tuple[Any, int, list[Any]]]) -> A
         values = torch.stack([flat[i].float() for i in indices]).isfinite().tolist()
         for i, value in zip(indices, values, strict=True):
             finite[i] = value
-    index = 0
-    for node, outputs, flags in pending:
+    index, found, saved = 0, [], {}
+    for node, outputs, flags, names, local in pending:
+        values = finite[index + outputs : index + len(flags)]
+        saved[id(node)] = dict(zip(names, values, strict=True))
         if not all(finite[index : index + outputs]):
-            if not all(finite[index + outputs : index + len(flags)]):
-                return TAINTED
-            return node
+            found.append((node, not all(values), local or all(values)))
         index += len(flags)
-    return None
-
-
-def _graph(roots: list[Any]) -> list[Any]:
-    seen: set[int] = set()
-    nodes, todo = [], list(roots)
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        nodes.append(node)
-        todo.extend(next_node for next_node, _ in node.next_functions)
-    return nodes
+    return found, saved
 
 
 def _frames(node: Any) -> list[tuple[str, str, str, str]]:

@@ -1,0 +1,158 @@
+"""The mechanics of grad_health's repair (``repair``): in every backward pass, the
+non-finite outputs of the nodes it knows become 0, on the device, with no host read; per
+pass, one value (the loss where a value was changed, NaN where none was) read once it is
+ready, never by waiting for it.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import sys
+import threading
+
+from autograd_guard.guards.grad_health.check import PendingFlag, gradient_sum
+from autograd_guard.guards.grad_health.made import (
+    graph_nodes,
+    in_transform,
+    mend_node,
+    node_key,
+    patch_autograd,
+    unpatch_autograd,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+FALL = 1e-3  # the least relative fall of the loss that counts as training
+LOSS = "the loss has not fallen"
+STUCK = "the parameters behind it have not moved"
+REST = 20  # passes in a row that changed nothing, after which the repair stands down
+
+
+class _Pass:
+    __slots__ = ("flags", "gate")
+
+    def __init__(self, gate: Any) -> None:
+        self.gate = gate  # the loss is finite (a flag on its device)
+        self.flags: list[Any] = []  # per mended output: a value was changed
+
+
+class Repairer:
+    """Mends, in every backward pass, the non-finite outputs of the nodes it knows."""
+
+    def __init__(self, eager: Callable[[Any], Any]) -> None:
+        self.keys: set[tuple[Any, ...]] = set()
+        self.pending: collections.deque[PendingFlag] = collections.deque()
+        self.passes = self.repaired = 0  # backward passes seen, and those mended
+        self.quiet = 0  # passes in a row that changed nothing
+        self.first: float | None = None  # the loss of the first mended pass
+        self.best: float | None = None
+        self.judged = False  # the stall check has been made
+        self.site = "-"  # the step where repair began
+        self.behind: list[tuple[Any, Any]] = []  # (weak ref of a parameter, its sum then)
+        self.armed = False
+        self._eager = eager
+        self._originals: dict[str, Any] = {}
+        self._patched: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._hook = eager(self._mend)
+
+    def arm(self) -> None:
+        with self._lock:
+            if self.armed:
+                return
+            patch_autograd(
+                lambda n: self._eager(self._repairing(n)), self._originals, self._patched
+            )
+            self.armed = True
+
+    def disarm(self) -> None:
+        with self._lock:
+            if not self.armed:
+                return
+            self.armed = False
+            unpatch_autograd(self._originals, self._patched)
+
+    def _repairing(self, name: str) -> Callable[..., Any]:
+        keyword = "tensors" if name == "backward" else "outputs"
+
+        def repairing(*args: Any, **kwargs: Any) -> Any:
+            original = self._originals[name]
+            if not self.armed or in_transform():
+                return original(*args, **kwargs)
+            roots = args[0] if args else kwargs.get(keyword)
+            handles, state, loss = self._hook_graph(roots)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._pass_done(handles, state, loss)
+
+        return repairing
+
+    def _hook_graph(self, tensors: Any) -> tuple[list[Any], _Pass | None, Any]:
+        torch = sys.modules["torch"]
+        roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
+        with torch.no_grad():
+            sums = [gradient_sum(torch, t).float() for t in roots if t.is_floating_point()]
+            loss = torch.stack(sums).sum() if sums else None
+        if loss is None:
+            return [], None, None
+        state = _Pass(loss.isfinite())
+        handles = [
+            node.register_hook(functools.partial(self._hook, node, state))
+            for node in graph_nodes([t.grad_fn for t in roots if t.grad_fn is not None])
+            if node_key(node) in self.keys
+        ]
+        return handles, state, loss
+
+    def _mend(self, node: Any, state: _Pass, grad_inputs: Any, grad_outputs: Any) -> Any:
+        torch = sys.modules["torch"]
+        with torch.no_grad():
+            out, flags = mend_node(torch, node, grad_inputs, grad_outputs, state.gate)
+        state.flags += flags
+        return out
+
+    def _pass_done(self, handles: list[Any], state: _Pass | None, loss: Any) -> None:
+        for handle in handles:
+            handle.remove()
+        if state is None or not handles:
+            return
+        torch = sys.modules["torch"]
+        with torch.no_grad():
+            changed = torch.stack(state.flags).any() if state.flags else loss.isnan()
+            # the loss where a value was changed, NaN where none was: one value to read
+            value = torch.where(changed, loss, torch.full_like(loss, float("nan")))
+        self.pending.append(PendingFlag(value))
+
+    def drain(self) -> None:
+        """Read the passes whose flags are ready (never waiting for one)."""
+        while self.pending and self.pending[0].ready():
+            value = float(self.pending.popleft().host[0].item())
+            self.passes += 1
+            self.quiet = self.quiet + 1 if value != value else 0
+            if value == value:  # not NaN: this pass was mended
+                self.repaired += 1
+                self.first = value if self.first is None else self.first
+                self.best = value if self.best is None else min(self.best, value)
+
+    def watch(self, behind: list[Any]) -> None:
+        """The parameters behind the repaired nodes (weak refs), each with a sum of its
+        values now (on the device), to tell later whether repair moved them."""
+        torch = sys.modules["torch"]
+        with torch.no_grad():
+            self.behind = [(ref, p.detach().sum()) for ref in behind if (p := ref()) is not None]
+
+    def stalled(self, steps: int) -> str | None:
+        """Judged once, after ``steps`` mended passes: what has not moved (one read)."""
+        if self.judged or not steps or self.repaired < steps:
+            return None
+        self.judged = True
+        first, best = self.first or 0.0, self.best or 0.0
+        if not best < first - FALL * abs(first):
+            return LOSS
+        params = [(ref(), then) for ref, then in self.behind]
+        moved = [bool(p.detach().sum() != then) for p, then in params if p is not None]
+        return STUCK if moved and not any(moved) else None

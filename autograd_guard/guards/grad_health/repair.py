@@ -1,0 +1,187 @@
+"""grad_health's repair at the origin: a singular point where the parameters sit.
+
+Symptom: a gradient that is non-finite at one point of an op that the run keeps meeting
+(the norm of a rotation vector at exactly 0, a rotation fit that starts at the identity;
+softmax over an attention row that the masks together mask fully; ``log`` of an exact 0
+in a soft distance transform). Skipping is right for a one-off bad batch, but here every
+step is non-finite: fix skips them all, ``training_stalled`` fires, the run ends untrained.
+Users' own fixes (``torch.where`` on a safe input, ``clamp``, ``+ eps``, a Taylor branch)
+all give that point a finite gradient, usually the limit, and for a masked row exactly 0.
+Remedy (fix, ``nonfinite_fix = "repair"``): once the localiser has traced the non-finite
+values to the same backward node in two passes in a row, at the optimizer's third
+non-finite step in a row (a one-off batch stays a plain skip, and so do several models
+meeting one bad batch), that step and every later backward pass have that node's
+non-finite outputs set to 0, and the steps run. Only while the loss is finite: a
+non-finite loss (or a non-finite forward value the loss uses) is a divergence, never
+repaired; those steps stay skipped. The mending is a few kernels per hooked node, on the
+device, with no host read: whether a pass changed a value, and its loss, are read once
+they are ready (``PendingFlag``), never by waiting. A repair that has run ``stall_steps``
+steps without the loss falling has stalled: it is said as ``training_stalled``, and it
+stops (later such steps are skipped again). A repair that has changed nothing for 20
+passes in a row stands down (the run has left the singular point; should it come back,
+it is found and confirmed again). observe's ``nonfinite_gradient`` says what fix would
+do.
+"""
+
+from __future__ import annotations
+
+from autograd_guard.guards.grad_health.gate import RUN
+from autograd_guard.guards.grad_health.mending import LOSS, REST, Repairer
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, NoReturn
+
+    from autograd_guard._common.environment import Mode
+    from autograd_guard.guards.grad_health.compile import EagerHooks
+    from autograd_guard.guards.grad_health.probe import BackwardProbe
+    from autograd_guard.guards.grad_health.record import Record
+    from autograd_guard.guards.grad_health.words import StepSites
+
+RECURS = 3  # non-finite steps in a row of one optimizer, the last repaired
+REPAIRED = (
+    "from step {step} on, the non-finite gradient that {op} (the backward of the forward "
+    "operation on line {line}) made in {passes} backward passes in a row is repaired at "
+    "that op: its non-finite outputs are set to 0 (the limit torch.where or clamp on a "
+    "safe input would give) and the step runs. The gradient was changed: it is not the "
+    "derivative at that point"
+)
+WOULD_FIX = (
+    "skip it, and once the same backward op makes such values again, set them to 0 there "
+    "and run the step (nonfinite_fix)"
+)
+REPAIR_REMEDY = (
+    "make that op safe for gradients (torch.where on a safe input, clamp, + eps, a Taylor "
+    'branch) to get the true limit; nonfinite_fix = "skip" skips such steps instead'
+)
+STALLED = (
+    "{steps} optimizer steps ran with {op}'s gradient repaired and the loss has not fallen: "
+    "0 is not the right limit there, or the parameters behind it are stuck; repair stopped "
+    "(such steps are skipped again)"
+)
+STUCK = (
+    "{steps} optimizer steps ran with {op}'s gradient repaired and the parameters behind it "
+    "have not moved since: right where they sit at their optimum; otherwise 0 is not the "
+    "right limit there and they are stuck (the loss still falls: repair goes on)"
+)
+
+
+class RepairFlow:
+    """The repair half of ``GradHealth``: when to begin, what is said, when to stop."""
+
+    mode: Mode
+    config: dict[str, Any]
+    _probe: BackwardProbe | None
+    _hooks: EagerHooks
+    _sites: StepSites
+    _repairer: Repairer | None
+    _repair_stopped: bool
+    emit: Callable[..., bool]
+    refuse: Callable[..., NoReturn]
+    _nonfinite: Callable[..., object]
+
+    def _repairs(self) -> bool:
+        return self.config["nonfinite_fix"] == "repair" and not self._repair_stopped
+
+    def _mended_verdict(self, optimizer: Any, record: Record, gated: bool) -> object | None:
+        """The step after a probe pass that mended its gradients: repaired (the same node
+        made them again), or skipped as the non-finite step it was."""
+        probe = self._probe
+        if probe is None or not probe.mended:
+            return None
+        probe.mended = False
+        # a recurrence in time: this optimizer's own third non-finite step in a row (not
+        # several models' passes of one bad batch, each on the same line)
+        recurs = record.in_a_row >= RECURS - 1
+        if self.mode == "fix" and probe.confirmed() and recurs and self._repairs() and gated:
+            self._repair_begins(optimizer, record, probe)
+            record.in_a_row = 0
+            return RUN
+        return self._nonfinite(optimizer, record, [], gated=gated)
+
+    def _repair_begins(self, optimizer: Any, record: Record, probe: BackwardProbe) -> None:
+        repairer = self._repairer
+        if repairer is None:
+            repairer = self._repairer = Repairer(self._hooks.eager)
+        repairer.keys |= probe.makers  # armed once the probe has put torch's functions back
+        repairer.watch(probe.behind)
+        repairer.quiet = 0
+        repairer.repaired += 1  # this step's pass was mended by the probe
+        op, line = probe.origin or ("<unknown>", "<unknown>")
+        repairer.site = self._sites.site(optimizer)
+        self.emit(
+            REPAIRED.format(step=record.step, op=op, line=line, passes=len(probe.keys)),
+            action="nonfinite_repaired",
+            callsite=self._sites.site(optimizer),
+            remedy=REPAIR_REMEDY,
+            op=op,
+            forward=line,
+            step=record.step,
+            ops=sorted({key[0] for key in probe.makers}),
+        )
+
+    def _repair_over(self, optimizer: Any) -> None:
+        """After a step: read what the repaired passes say; a stalled repair stops. The
+        repairer patches and unpatches torch's functions only while no probe has (each
+        puts back what it found only where it is still on top)."""
+        repairer = self._repairer
+        if repairer is None or self._probe is not None or self._repair_stopped:
+            return
+        if not repairer.armed:
+            if repairer.keys and repairer.quiet < REST:
+                repairer.arm()
+            return
+        repairer.drain()
+        if repairer.quiet >= REST:  # the singular point is behind: healthy steps pay nothing
+            repairer.disarm()
+            return
+        what = repairer.stalled(self.config["stall_steps"])
+        if what is not None:
+            self._repair_stalled(repairer, what)
+
+    def _repair_stalled(self, repairer: Repairer, what: str) -> None:
+        """The loss has not fallen: a stall, and the repair stops. The parameters behind
+        the op have not moved: a warning (the repair goes on while the loss falls)."""
+        op, site = ", ".join(sorted({key[0] for key in repairer.keys})), repairer.site
+        if what != LOSS:
+            self.emit(
+                STUCK.format(steps=repairer.repaired, op=op),
+                action="repair_stuck",
+                callsite=site,
+                remedy=REPAIR_REMEDY,
+                steps=repairer.repaired,
+            )
+            return
+        repairer.disarm()
+        self._repair_stopped = True
+        event = STALLED.format(steps=repairer.repaired, op=op)
+        if self.config["on_stall"] == "raise":
+            self.refuse(event, action="training_stalled", callsite=site, remedy=REPAIR_REMEDY)
+        self.emit(
+            event,
+            action="training_stalled",
+            callsite=site,
+            level="error",
+            remedy=REPAIR_REMEDY,
+            steps=repairer.repaired,
+            always=True,
+        )
+
+    def _repair_exit(self) -> None:
+        repairer = self._repairer
+        if repairer is None:
+            return
+        repairer.disarm()
+        repairer.drain()
+        if repairer.repaired:
+            ops = sorted({key[0] for key in repairer.keys})
+            self.emit(
+                f"{repairer.repaired} optimizer steps ran with a repaired gradient (the "
+                f"non-finite outputs of {', '.join(ops)} set to 0)",
+                action="steps_repaired",
+                callsite=repairer.site,
+                remedy=REPAIR_REMEDY,
+                steps=repairer.repaired,
+                ops=ops,
+            )

@@ -1,0 +1,108 @@
+"""Fits that meet a real singular point of a library's function where the parameters sit,
+each beside its reference: the library's fixed release, or the documented manual fix.
+Each returns (final loss, the solution) after ``steps`` optimizer steps.
+
+- ``rotation_fit``: RoMa 1.2.1's ``rotvec_to_rotmat`` divides the rotation vector by its
+  norm before it takes the small-angle branch, so at the identity (the usual start) the
+  forward holds 0/0 and the gradient is NaN; RoMa 1.3.0 is the fixed release. Run in a
+  child interpreter (``ROTATION_FIT``), one RoMa per process.
+- ``masked_attention``: softmax over a query row that the padding mask masks fully: the
+  row is NaN in the forward pass, the loss leaves it out, every gradient is NaN. The
+  documented fix fills with a large finite negative instead of ``-inf``.
+- ``soft_distance``: a soft distance transform of a sparse grid: ``log`` of a kernel sum
+  that underflows to exactly 0 far from every occupied cell, then clamped: ``log(0)``'s
+  backward is 0/0. The documented fix: ``torch.where`` on a safe input (the double where).
+- ``regularised_rotation``: PyTorch3D's ``so3_rotation_angle`` with ``cos_bound=0`` calls
+  ``acos`` unbounded: at the identity its backward is -0/0. The fix: the default
+  ``cos_bound`` (1e-4).
+"""
+
+from __future__ import annotations
+
+import torch
+
+ROTATION_FIT = """
+import json, sys
+sys.path.insert(0, {folder!r})
+import torch, roma
+import autograd_guard
+from autograd_guard.testing import capture_events
+policy = {policy!r}
+if policy is not None:
+    autograd_guard.install(policy)
+torch.manual_seed(0)
+points = torch.randn(32, 3)
+target = points @ roma.rotvec_to_rotmat(torch.tensor([0.4, -0.3, 0.6])).T
+rotvec = torch.nn.Parameter(torch.zeros(3))  # the identity: the usual start
+optimizer = torch.optim.Adam([rotvec], lr=0.05)
+with capture_events() as events:
+    for _ in range({steps}):
+        loss = (points @ roma.rotvec_to_rotmat(rotvec).T - target).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+print(json.dumps({{"loss": loss.item(), "solution": rotvec.tolist(), "events": events}}))
+"""
+
+
+def masked_attention(fixed: bool = False, steps: int = 150) -> tuple[float, torch.Tensor]:
+    torch.manual_seed(0)
+    batch, length, width = 4, 6, 8
+    x, target = torch.randn(batch, length, width), torch.randn(batch, length, width)
+    pad = torch.ones(batch, length, dtype=torch.bool)
+    pad[0, 3:] = pad[2, 4:] = False  # padded positions
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    mask = pad[:, None, :] & causal & pad[:, :, None]  # a padded query masks every key
+    layers = [torch.nn.Linear(width, width) for _ in range(3)]
+    optimizer = torch.optim.SGD([p for layer in layers for p in layer.parameters()], lr=0.1)
+    q, k, v = layers
+    for _ in range(steps):
+        scores = q(x) @ k(x).transpose(1, 2) / width**0.5
+        scores = scores.masked_fill(~mask, -1e9 if fixed else float("-inf"))
+        out = torch.softmax(scores, -1) @ v(x)
+        loss = (out - target).pow(2)[pad].mean()  # padded rows left out
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return loss.item(), torch.cat([p.detach().flatten() for p in q.parameters()])
+
+
+def soft_distance(fixed: bool = False, steps: int = 300) -> tuple[float, torch.Tensor]:
+    torch.manual_seed(0)
+    axis = torch.arange(24) * 1.0
+    grid = torch.stack(torch.meshgrid(axis, axis, indexing="ij"), -1).reshape(-1, 2)
+    centres = torch.nn.Parameter(torch.tensor([[3.0, 4.0], [6.0, 5.0]]))
+    target = torch.tensor([[12.0, 12.0], [14.0, 9.0]])
+    goal = (torch.cdist(grid, target) ** 2).min(1).values.clamp(max=36.0)
+    optimizer = torch.optim.Adam([centres], lr=0.3)
+    for _ in range(steps):
+        kernel = torch.exp(-(torch.cdist(grid, centres) ** 2) / 0.5).sum(1)  # 0 far away
+        if fixed:
+            safe = torch.where(kernel > 0, kernel, torch.ones_like(kernel))
+            log = torch.where(kernel > 0, torch.log(safe), torch.full_like(kernel, -100.0))
+        else:
+            log = torch.log(kernel).clamp(min=-100.0)
+        loss = ((-0.5 * log).clamp(max=36.0) - goal).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return loss.item(), centres.detach().flatten()
+
+
+def regularised_rotation(fixed: bool = False, steps: int = 150) -> tuple[float, torch.Tensor]:
+    from pytorch3d.transforms import so3_exp_map, so3_rotation_angle
+
+    torch.manual_seed(0)
+    points = torch.randn(20, 3)
+    target = points @ so3_exp_map(torch.tensor([[0.3, -0.2, 0.5]]))[0].T
+    log_rotation = torch.nn.Parameter(torch.zeros(1, 3))  # the identity
+    optimizer = torch.optim.Adam([log_rotation], lr=0.05)
+    bound = 1e-4 if fixed else 0.0
+    for _ in range(steps):
+        rotation = so3_exp_map(log_rotation)
+        angle = so3_rotation_angle(rotation, cos_bound=bound)
+        loss = (points @ rotation[0].T - target).pow(2).mean() + 0.01 * angle.pow(2).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return loss.item(), log_rotation.detach().flatten()
