@@ -43,7 +43,7 @@ from autograd_guard.guards.grad_health.compile import EagerHooks
 from autograd_guard.guards.grad_health.dist import local_gradient, user_names
 from autograd_guard.guards.grad_health.findings import FIND_IT, MAKE_SAFE, Findings
 from autograd_guard.guards.grad_health.flow import StepFlow
-from autograd_guard.guards.grad_health.gate import SKIP, Gates
+from autograd_guard.guards.grad_health.gate import SKIP, Gates, drop_gradients
 from autograd_guard.guards.grad_health.probe import BackwardProbe
 from autograd_guard.guards.grad_health.record import Records
 from autograd_guard.guards.grad_health.words import ON_DEVICE, StepSites, step_outcome, stop_outcome
@@ -95,6 +95,14 @@ class GradHealth(StepFlow, Findings, Guard):
             "warn",
             "what a stall does: log an error (warn) or stop the run with a GuardError (raise)",
             choices=("warn", "raise"),
+        ),
+        "exchange_timeout": Option(
+            float,
+            60.0,
+            "seconds a rank waits for the others' word at a shared optimizer step before it "
+            "decides alone from then on (ranks out of step, a rank gone)",
+            minimum=1.0,
+            maximum=86_400.0,
         ),
         "zero_steps": Option(
             int,
@@ -175,6 +183,8 @@ class GradHealth(StepFlow, Findings, Guard):
             done = ON_DEVICE[self.mode]
         if verdict == SKIP:
             record.skipped += 1
+            if not on_device:
+                done += "; " + drop_gradients(optimizer)
         if speaks:
             self.emit(
                 f"{what}: {done}",

@@ -139,6 +139,18 @@ class Gates:
         return self._code or None
 
 
+def drop_gradients(optimizer: Any) -> str:
+    """A skipped step's gradients are dropped (``.grad = None``, as ``zero_grad()`` does):
+    nothing may use them, and an optimizer skipped before its first step must look as one
+    never stepped with no gradient left (``torch.distributed.checkpoint`` initialises the
+    state of such an optimizer at save and at load alike; with gradients left, it does at
+    load only and the resume fails). Returns the words for the event."""
+    for group in getattr(optimizer, "param_groups", ()):
+        for param in group["params"]:
+            param.grad = None
+    return "its gradients were dropped (.grad = None, as optimizer.zero_grad() does)"
+
+
 def _first_step(kind: type) -> int:
     """The MRO index of the class that defines ``kind.step``."""
     for index, klass in enumerate(kind.__mro__):

@@ -153,14 +153,22 @@ class BackwardProbe:
         torch = sys.modules["torch"]
         try:
             with torch.no_grad():
-                sums = [gradient_sum(torch, g) for g in grad_inputs if g is not None]
+                sums = [gradient_sum(torch, _local(g)) for g in grad_inputs if g is not None]
                 outputs = len(sums)
                 if sums:  # what the forward op saw: a value already non-finite is no origin
-                    sums += [gradient_sum(torch, t) for t in _saved_tensors(node)]
+                    sums += [gradient_sum(torch, _local(t)) for t in _saved_tensors(node)]
             if sums:
                 pending.append((node, outputs, sums))
         except Exception as exc:
             self.error = exc
+
+
+def _local(tensor: Any) -> Any:
+    """A DTensor's local shard: the probe reads what this rank holds and never
+    communicates (a DTensor op on one rank alone would wait on, or pair with, the others'
+    collectives)."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
 
 
 def _in_transform() -> bool:
