@@ -183,8 +183,8 @@ class GradHealth(StepFlow, Findings, Guard):
             done = ON_DEVICE[self.mode]
         if verdict == SKIP:
             record.skipped += 1
-            if not on_device:
-                done += "; " + drop_gradients(optimizer)
+            if not on_device and evaluation is None:  # a closure's step body is still on
+                done += drop_gradients(optimizer)
         if speaks:
             self.emit(
                 f"{what}: {done}",

@@ -13,12 +13,12 @@ import threading
 
 from autograd_guard.errors import GuardError
 from autograd_guard.guards.grad_health import zero
-from autograd_guard.guards.grad_health.channel import ChannelClosed
-from autograd_guard.guards.grad_health.check import ALL_ZERO, NO_GRADIENTS, SOME_VALUE, PendingFlag
+from autograd_guard.guards.grad_health.check import PendingFlag
 from autograd_guard.guards.grad_health.closure import ClosureFlow
-from autograd_guard.guards.grad_health.dist import local_gradient, sharing_of
+from autograd_guard.guards.grad_health.dist import local_gradient
 from autograd_guard.guards.grad_health.gate import CLOSURE, RUN, SKIP
 from autograd_guard.guards.grad_health.step import closure_of, params_of
+from autograd_guard.guards.grad_health.together import SharedFlow
 from autograd_guard.guards.grad_health.zero import ZeroFlow
 
 TYPE_CHECKING = False
@@ -30,14 +30,13 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.check import FiniteCheck, Slot
     from autograd_guard.guards.grad_health.closure import Evaluation
     from autograd_guard.guards.grad_health.compile import EagerHooks
-    from autograd_guard.guards.grad_health.dist import Sharing
     from autograd_guard.guards.grad_health.gate import Gates
     from autograd_guard.guards.grad_health.probe import BackwardProbe
     from autograd_guard.guards.grad_health.record import Record, Records
     from autograd_guard.guards.grad_health.words import StepSites
 
 
-class StepFlow(ZeroFlow, ClosureFlow):
+class StepFlow(SharedFlow, ZeroFlow, ClosureFlow):
     """What runs at each optimizer step (``GradHealth`` provides the state and reports)."""
 
     active: bool
@@ -51,7 +50,6 @@ class StepFlow(ZeroFlow, ClosureFlow):
     _stepping: threading.local  # steps in progress on this thread
     _probe: BackwardProbe | None
     fail: Callable[[str, BaseException], None]
-    emit: Callable[..., bool]
     _nonfinite: Callable[..., object]
     _report_lost: Callable[..., None]
     _probe_finished: Callable[..., None]
@@ -172,72 +170,6 @@ class StepFlow(ZeroFlow, ClosureFlow):
             return RUN
         bad = [p for p in consumed if p.grad is not None]
         return self._nonfinite(optimizer, record, bad, gated=gated, evaluation=evaluation)
-
-    def _decide_together(
-        self,
-        optimizer: Any,
-        record: Record,
-        consumed: list[Any],
-        grads: list[Any],
-        sharing: Sharing,
-        gated: bool,
-        evaluation: Evaluation | None,
-    ) -> object:
-        """Every rank of the group enters the exchange, whatever it found; where the
-        ranks cannot decide together, this rank decides on its own gradients."""
-        local, word = False, NO_GRADIENTS
-        try:
-            if grads:
-                values = [local_gradient(g) for g in grads]
-                flag = self._zero_probe(record, values)
-                local = not self._finite.all_finite(values, None, flag)
-                all_zero = not local and zero.all_zero(record, values, flag)
-                if local or any(v.numel() for v in values):  # a shard of empty ones says nothing
-                    word = ALL_ZERO if all_zero else SOME_VALUE
-        except Exception as exc:  # the exchange still happens: no rank is left waiting
-            self.fail("step check", exc)
-        try:
-            ranks, all_zero = sharing.exchange(local, word, record.step)
-        except ChannelClosed as closed:
-            self._alone(optimizer, sharing, str(closed))
-            if not local:
-                return RUN
-            bad = [p for p in consumed if p.grad is not None]
-            return self._nonfinite(optimizer, record, bad, gated=gated, evaluation=evaluation)
-        if not ranks:
-            record.in_a_row = 0
-            self._zero_counted(optimizer, record, all_zero, sharing)
-            return RUN
-        bad = [p for p in consumed if p.grad is not None] if local else []
-        return self._nonfinite(
-            optimizer, record, bad, gated=gated, sharing=sharing, ranks=ranks, evaluation=evaluation
-        )
-
-    def _alone(self, optimizer: Any, sharing: Sharing, why: str) -> None:
-        """The ranks cannot decide together any more: said once per channel, by each rank."""
-        channel = sharing.channel
-        if channel.said:
-            return
-        channel.said = True
-        self.emit(
-            f"{why}; from now on each rank of {', '.join(map(str, channel.ranks))} decides "
-            "its optimizer steps on its own gradients (a non-finite gradient on one rank "
-            "skips that rank's step alone)",
-            action="ranks_out_of_step",
-            callsite=self._sites.site(optimizer),
-            ranks=channel.ranks,
-            remedy="step every rank of the model at every step (skip a batch on all ranks "
-            "together, e.g. by all-reducing the reason first), or raise on every rank",
-        )
-
-    def _sharing(self, optimizer: Any, record: Record, params: list[Any]) -> Sharing | None:
-        if record.shared_known != len(params):  # the first step, or add_param_group
-            record.shared_known = len(params)
-            count = sum(1 for other in self._records.all() if other.sharing is not None)
-            timeout = self.config["exchange_timeout"]
-            record.sharing = sharing_of(optimizer, params, timeout, count)
-        sharing = record.sharing
-        return sharing if sharing is None or sharing.channel.closed is None else None
 
     def _lost_check(self, optimizer: Any, record: Record, params: list[Any]) -> None:
         lost_steps = self.config["lost_steps"]
