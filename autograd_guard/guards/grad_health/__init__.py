@@ -20,8 +20,10 @@ the step for real, its body never runs (weights, state, ``param_groups`` and inn
 optimizers as after a hand-written ``continue``; the post-hooks still run, as the lines
 after ``step()`` do); ``strict`` raises before the weights change. A closure step is
 checked after each evaluation and stopped there, undone from a snapshot where it may have
-moved the weights (LBFGS, SAM). Ranks that share the parameters (DDP, ZeRO, FSDP,
-DTensor) decide together through one all-reduced flag. A fused optimizer on CUDA is lent
+moved the weights (LBFGS, SAM). The ranks of one model (DDP, ZeRO, FSDP, tensor
+parallel, pipeline stages) decide each step together, on a channel of the guard's own
+that never meets the user's collectives (or alone, said once, where they are out of
+step). A fused optimizer on CUDA is lent
 the flag and skips on the device, with no host sync; steps that GradScaler hands to a
 fused optimizer are its to skip. After the first non-finite step, a few backward passes
 are recorded to name the backward op that first produced the value and the forward line
