@@ -148,7 +148,7 @@ class StepFlow(SharedFlow, ZeroFlow, ClosureFlow):
         sharing = self._sharing(optimizer, record, params)
         consumed = sharing.shard if sharing is not None else params
         grads = [g for g in [p.grad for p in consumed] if g is not None]  # one read of each
-        if sharing is not None and self.mode != "observe":
+        if sharing is not None and self.mode != "observe" and sharing.channel.closed is None:
             return self._decide_together(
                 optimizer, record, consumed, grads, sharing, gated, evaluation
             )
@@ -162,7 +162,7 @@ class StepFlow(SharedFlow, ZeroFlow, ClosureFlow):
             if self._lend_flag(optimizer, record, grads, slot):
                 return RUN
         local = grads if plain else [local_gradient(g) for g in grads]
-        flag = self._zero_probe(record, local) if sharing is None else None  # observe: alone
+        flag = self._zero_probe(record, local) if sharing is None else None  # alone
         if self._finite.all_finite(local, slot, flag):
             record.in_a_row = 0
             if flag is not None:
