@@ -65,11 +65,11 @@ class Channel:
         try:
             self._pg().allreduce([values]).wait()
         except Exception as exc:  # a timeout, a rank gone: never again on this channel
-            self.closed = (
+            raise self.close(
                 f"the guard's exchange with ranks {', '.join(map(str, self.ranks))} failed "
-                f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
-            )
-            raise ChannelClosed(self.closed) from None
+                f"({_reason(exc)}): a rank skipped or repeated a step by its own code, or is "
+                "gone"
+            ) from None
         return values
 
     def close(self, why: str) -> ChannelClosed:
@@ -92,6 +92,15 @@ class Channel:
             json.loads(bytes(values[r * longest : r * longest + int(sizes[r].item())]))
             for r in range(n)
         ]
+
+
+def _reason(exc: Exception) -> str:
+    """gloo's first line, without its source file: ``Timed out waiting 3000ms for recv
+    operation to complete``, ``Connection closed by peer [127.0.0.1]:4999``."""
+    text = (str(exc).splitlines() or [""])[0]
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return text.split(". ")[0][:160] or type(exc).__name__
 
 
 _CHANNELS: dict[tuple[int, ...], tuple[Any, Channel]] = {}
