@@ -185,7 +185,10 @@ class GradHealth(StepFlow, Findings, Guard):
             done = ON_DEVICE[self.mode]
         if verdict == SKIP:
             record.skipped += 1
-            if not on_device and evaluation is None:  # a closure's step body is still on
+            # every step so far skipped, on the ranks of a shared model (a closure's step
+            # body is still on): the checkpoint-resume case; one process keeps `continue`
+            fresh = record.sharing is not None and record.skipped == record.step
+            if fresh and not on_device and evaluation is None:
                 done += drop_gradients(optimizer)
         if speaks:
             self.emit(

@@ -141,9 +141,10 @@ class Gates:
 
 def drop_gradients(optimizer: Any) -> str:
     """A skip leaves the gradients as they are (a hand-written ``continue`` does; the
-    post-hooks and the lines after ``step()`` see them), except on an optimizer that has
-    never stepped (no state): there they are dropped (``.grad = None``, as ``zero_grad()``
-    does), so that it is exactly a fresh optimizer. ``torch.distributed.checkpoint``
+    post-hooks and the lines after ``step()`` see them), except, on the ranks of a shared
+    model, on an optimizer that has never stepped (every step so far skipped, no state):
+    the caller's test; there they are dropped (``.grad = None``, as ``zero_grad()`` does),
+    so that it is exactly a fresh optimizer. ``torch.distributed.checkpoint``
     initialises the state of an optimizer without state only where no gradient is left
     (``_init_optim_state``): with them left, the save holds no state while the fresh
     optimizer's load makes one, and the resume fails (``Missing key in checkpoint
