@@ -445,3 +445,28 @@ def test_a_checkpoint_right_after_a_skipped_first_step_resumes(job):
     assert skipped(handfix) == [["skipped step 0"]] * 2
     assert_ranks_equal(fixed, handfix, "fix and handfix", key="history")
     assert len(fixed.nonfinite()) == 1
+
+
+def test_the_guards_channel_lets_a_destroyed_process_group_go():
+    """After ``destroy_process_group()`` the guard holds nothing of the old group (its
+    sockets, its store and the store's port are the user's to re-initialise), and the
+    old channel decides no more: a re-initialised job gets a new one."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    from autograd_guard.guards.grad_health.channel import channel_for
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        old = weakref.ref(dist.distributed_c10d._get_default_group())
+        channel = channel_for(dist, [0], 60.0)
+        assert channel_for(dist, [0], 60.0) is channel
+    finally:
+        dist.destroy_process_group()
+    gc.collect()
+    assert old() is None, "the guard kept the destroyed default group alive"
+    assert channel.closed is not None

@@ -10,7 +10,9 @@ ranks with a collective mismatch; NCCL hangs or corrupts. Any torch with
 ``torch.distributed``.
 
 Remedy: the exchange runs on a ``ProcessGroupGloo`` built directly over a prefix of the
-default store (one per set of ranks, made at the group's first shared step): it is not
+default store (one per set of ranks and default group, made at the group's first shared
+step; a group made again after ``destroy_process_group()`` gets keys of its own, and the
+old channel lets the destroyed group and its store go with it): it is not
 registered with ``torch.distributed`` (the user's group names and counters are as
 unguarded), and nothing else sends on it. Each rank's entry carries the optimizer's step
 count, so ranks out of step (a rank that skipped or repeated a step by its own code) are
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import json
 import sys
+import weakref
 from datetime import timedelta
 
 TYPE_CHECKING = False
@@ -39,7 +42,7 @@ class ChannelClosed(Exception):
 class Channel:
     """The guard's gloo group over ``ranks`` (global ranks, in order)."""
 
-    def __init__(self, dist: Any, ranks: list[int], timeout: float) -> None:
+    def __init__(self, dist: Any, ranks: list[int], timeout: float, generation: int) -> None:
         self.ranks = ranks
         self.me = ranks.index(dist.get_rank())
         self.closed: str | None = None  # why it closed; said once
@@ -47,14 +50,14 @@ class Channel:
         self._timeout = timedelta(seconds=timeout)
         self._dist = dist
         self._group: Any = None
+        # the store outlives a destroyed group (torchrun's agent store): the keys of each
+        # default group's channel over these ranks are its own
+        self._prefix = f"{_PREFIX}{'_'.join(map(str, ranks))}/{generation}/"
 
     def _pg(self) -> Any:
         if self._group is None:
             dist = self._dist
-            store = dist.PrefixStore(
-                _PREFIX + "_".join(map(str, self.ranks)) + "/",
-                dist.distributed_c10d._get_default_store(),
-            )
+            store = dist.PrefixStore(self._prefix, dist.distributed_c10d._get_default_store())
             self._group = dist.ProcessGroupGloo(store, self.me, len(self.ranks), self._timeout)
         return self._group
 
@@ -71,6 +74,13 @@ class Channel:
                 "gone"
             ) from None
         return values
+
+    def release(self) -> None:
+        """The default group it ran over was destroyed: its gloo group (sockets, and the
+        store with its port) is let go, and it decides no more."""
+        self._group = None
+        if self.closed is None:
+            self.closed = "the process group of the guard's exchange was destroyed"
 
     def close(self, why: str) -> ChannelClosed:
         self.closed = why
@@ -103,17 +113,28 @@ def _reason(exc: Exception) -> str:
     return text.split(". ")[0][:160] or type(exc).__name__
 
 
-_CHANNELS: dict[tuple[int, ...], tuple[Any, Channel]] = {}
+_CHANNELS: dict[tuple[int, ...], tuple[Any, Channel]] = {}  # (weakref to world, channel)
+_GENERATIONS: dict[tuple[int, ...], int] = {}  # channels made over these ranks, less one
 
 
 def channel_for(dist: Any, ranks: list[int], timeout: float) -> Channel:
-    """The channel over ``ranks``: one per set of ranks and default group (a group made
-    again after ``destroy_process_group`` gets a new one)."""
+    """The channel over ``ranks``: one per set of ranks and default group. It holds the
+    default group weakly and is released with it (``destroy_process_group()``, then the
+    user's last reference gone): a group made again gets a new channel, and a re-init
+    finds the old group's store and port free, as unguarded."""
     key = tuple(ranks)
     world = dist.distributed_c10d._get_default_group()
     known = _CHANNELS.get(key)
-    if known is not None and known[0] is world:
+    if known is not None and known[0]() is world:
         return known[1]
-    channel = Channel(dist, list(ranks), timeout)
-    _CHANNELS[key] = (world, channel)
+    generation = _GENERATIONS[key] = _GENERATIONS.get(key, -1) + 1
+    channel = Channel(dist, list(ranks), timeout, generation)
+    _CHANNELS[key] = (weakref.ref(world), channel)
+    weakref.finalize(world, _release, key, channel)
     return channel
+
+
+def _release(key: tuple[int, ...], channel: Channel) -> None:
+    channel.release()
+    if _CHANNELS.get(key, (None, None))[1] is channel:
+        del _CHANNELS[key]
