@@ -1,12 +1,18 @@
-"""Per-step cost of grad_health on a 2-rank DDP job (gloo, CPU), side by side.
+"""Per-step cost of grad_health on a 2-rank DDP job (gloo, CPU), side by side, over step
+sizes.
 
-Both ranks run the same MLP as bench_grad_health (16-256-256-1, batch 64, Adam) under
-DistributedDataParallel, in blocks that alternate unguarded and guarded on both ranks in
-lockstep (the guard adds one all-reduce of a 2-element flag per step: a rank guarded alone
-would wait for the other). Rank 0's per-step time: the median of each pair of blocks'
-ratios, and the medians of each side.
+Both ranks run an MLP (16-W-W-1, batch 64, Adam) under DistributedDataParallel for each
+width W, in blocks of three kinds that alternate in lockstep on both ranks: unguarded,
+guarded, and unguarded plus one all-reduce of 6 float64 values per step on a gloo group
+of its own (what the guard's exchange is: the goal is that the guard adds at most that).
+Rank 0's per-step time: per width, the median over blocks of each side, and the median of
+each round's guarded / unguarded ratio.
 
-    python scripts/bench_grad_health_ddp.py [--steps 50 --blocks 15]
+Host reads per step (what is a host sync on CUDA): the guard reads one flag of the local
+gradients (with its zero-gradient probe) on the host and exchanges it on the CPU; no other
+read of a gradient per step.
+
+    python scripts/bench_grad_health_ddp.py [--widths 256 512 1024 --steps 30 --blocks 9]
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -26,76 +33,100 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from benchtable import Row, print_table
 
-CASE = "2-rank DDP (gloo), MLP 16-256-256-1, batch 64, Adam: step guarded vs bare"
+BARE, GUARDED, REDUCE = "bare", "guarded", "bare + 1 all-reduce"
 
 
-def _block(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> float:
+def _block(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int, pg: object
+) -> float:
     x, y = torch.randn(64, 16), torch.randn(64, 1)
+    flags = torch.zeros(6, dtype=torch.float64)
     for step in range(steps + 3):
         if step == 3:
             dist.barrier()
             start = time.perf_counter()
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
+        if pg is not None:
+            pg.allreduce([flags]).wait()  # type: ignore[attr-defined]
         optimizer.step()
     dist.barrier()
     return (time.perf_counter() - start) / steps * 1e3
 
 
-def _worker(rank: int, port: int, steps: int, count: int, out: str) -> None:
+def _model(width: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(
+            torch.nn.Linear(16, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, 1),
+        )
+    )
+
+
+def _worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     import autograd_guard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(
-            torch.nn.Linear(16, 256),
-            torch.nn.ReLU(),
-            torch.nn.Linear(256, 256),
-            torch.nn.ReLU(),
-            torch.nn.Linear(256, 1),
-        )
-    )
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    pairs: list[tuple[float, float]] = []
-    for block in range(count):
-        times = {}
-        for guarded in (False, True) if block % 2 else (True, False):
-            if guarded:
-                autograd_guard.install({"log": os.devnull})
-            try:
-                times[guarded] = _block(model, optimizer, steps)
-            finally:
-                autograd_guard.uninstall()
-        pairs.append((times[False], times[True]))
+    store = dist.PrefixStore("bench/", dist.distributed_c10d._get_default_store())
+    pg = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=60))
+    lines = []
+    for width in args.widths:
+        model = _model(width)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for block in range(args.blocks):
+            kinds = [BARE, GUARDED, REDUCE]
+            kinds = kinds[block % 3 :] + kinds[: block % 3]  # each kind first in turn
+            times = {}
+            for kind in kinds:
+                if kind == GUARDED:
+                    autograd_guard.install({"log": os.devnull})
+                try:
+                    times[kind] = _block(
+                        model, optimizer, args.steps, pg if kind == REDUCE else None
+                    )
+                finally:
+                    autograd_guard.uninstall()
+            lines.append(f"{width} {times[BARE]} {times[GUARDED]} {times[REDUCE]}")
     if rank == 0:
-        Path(out).write_text("\n".join(f"{a} {b}" for a, b in pairs))
+        Path(out).write_text("\n".join(lines))
     dist.destroy_process_group()
 
 
-def measure(steps: int = 50, count: int = 15) -> list[Row]:
+def measure(args: argparse.Namespace) -> list[Row]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as folder:
-        out = os.path.join(folder, "pairs.txt")
-        mp.spawn(_worker, args=(port, steps, count, out), nprocs=2)
-        pairs = [tuple(map(float, line.split())) for line in Path(out).read_text().split("\n")]
-    bare = statistics.median(p[0] for p in pairs)
-    ratio = statistics.median(p[1] / p[0] for p in pairs)
-    return [Row("grad", CASE, bare, bare * ratio, "ms", "<= 1.05x (median of pairs)")]
+        out = os.path.join(folder, "times.txt")
+        mp.spawn(_worker, args=(port, args, out), nprocs=2)
+        rounds = [line.split() for line in Path(out).read_text().split("\n")]
+    rows = []
+    for width in args.widths:
+        mine = [tuple(map(float, r[1:])) for r in rounds if int(r[0]) == width]
+        bare = statistics.median(r[0] for r in mine)
+        ratio = statistics.median(r[1] / r[0] for r in mine)
+        reduce = statistics.median(r[2] for r in mine)
+        case = f"2-rank DDP (gloo), MLP 16-{width}-{width}-1, batch 64, Adam"
+        rows.append(Row("grad", case, bare, bare * ratio, "ms", "<= 1.05x at >= 10 ms"))
+        rows.append(Row("grad", case + " + 1 all-reduce", bare, reduce, "ms", "reference"))
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--blocks", type=int, default=15)
+    parser.add_argument("--widths", type=int, nargs="+", default=[256, 512, 1024])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--blocks", type=int, default=9)
     args = parser.parse_args()
     print_table(
-        measure(args.steps, args.blocks),
-        f"grad_health on DDP: {args.blocks} pairs of blocks of {args.steps} steps, "
+        measure(args),
+        f"grad_health on DDP: {args.blocks} rounds of blocks of {args.steps} steps per width, "
         f"torch {torch.__version__}, 1 thread per rank",
     )
 

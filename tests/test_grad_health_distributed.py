@@ -34,12 +34,19 @@ import wheelenv
 pytestmark = pytest.mark.distributed
 
 WORKER = Path(__file__).resolve().parent / "distributed" / "worker.py"
-TIMEOUT = 120  # seconds for one torchrun job; a run takes ~6 s
+TIMEOUT = 240  # seconds for one torchrun job; a run takes ~6 s alone, 4 ranks ~20 s
 NAN_STEP = 3  # the worker's
 GUARDED = ("observe", "fix", "strict")
 DDP, SPREAD, SOME_RANKS = "ddp_nan_one_rank", "ddp_nan_spread", "some_ranks_step"
 ZERO_OWN, ZERO_OTHER = "zero_own_shard", "zero_other_shard"
 FSDP1, FSDP2 = "fsdp1_shard_nan", "fsdp2_nan"
+PIPE_FIRST, PIPE_LAST = "pipeline_nan_first_stage", "pipeline_nan_last_stage"
+TP, MESH = "tp_nan_one_slice", "mesh_2x2_nan_one_rank"
+CATCHES, RAISES, DCP = "ddp_rank_catches_its_error", "ddp_rank_raises", "dcp_resume_after_skip"
+RANKS = {MESH: 4}  # processes per job; 2 for the others
+# the ranks whose gradient gets the NaN (SPREAD, ZERO_OWN: DDP's all-reduce and ZeRO's
+# broadcast spread it to every rank)
+POISONED = {SPREAD: [0, 1], PIPE_FIRST: [0], MESH: [3], SOME_RANKS: [0]}
 WRAPPER_NAMES = ("_flat_param", "_fsdp_wrapped_module")
 
 
@@ -75,16 +82,50 @@ def fsdp1_on_cpu_missing() -> str | None:
     return None
 
 
+def missing(module: str, what: str) -> str | None:
+    """Why ``what`` cannot run in this torch (``module`` is not in it), or None."""
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        return f"{what} is not in torch {torch.__version__} ({module}: {exc})"
+    return None
+
+
+def pipeline_missing() -> str | None:
+    return missing("torch.distributed.pipelining", "torch.distributed.pipelining")
+
+
+def tp_missing() -> str | None:
+    """Tensor parallelism over a DeviceMesh made by ``init_device_mesh`` (torch 2.2+)."""
+    return missing("torch.distributed.device_mesh", "init_device_mesh (a CPU DeviceMesh)")
+
+
+def mesh_missing() -> str | None:
+    """A 2-D mesh: FSDP2 over its data-parallel dimension, tensor parallel over the other."""
+    return tp_missing() or fsdp2_missing()
+
+
+def dcp_missing() -> str | None:
+    return missing("torch.distributed.checkpoint.state_dict", "get_state_dict/set_state_dict")
+
+
+def when(scenario: str, why: str | None) -> object:
+    return pytest.param(scenario, marks=pytest.mark.skipif(why is not None, reason=str(why)))
+
+
 def scenario_params() -> list[object]:
-    fsdp1, fsdp2 = fsdp1_on_cpu_missing(), fsdp2_missing()
     return [
         DDP,
         SPREAD,
         ZERO_OWN,
         ZERO_OTHER,
-        pytest.param(FSDP1, marks=pytest.mark.skipif(fsdp1 is not None, reason=str(fsdp1))),
-        pytest.param(FSDP2, marks=pytest.mark.skipif(fsdp2 is not None, reason=str(fsdp2))),
+        when(FSDP1, fsdp1_on_cpu_missing()),
+        when(FSDP2, fsdp2_missing()),
         SOME_RANKS,
+        when(PIPE_FIRST, pipeline_missing()),
+        when(PIPE_LAST, pipeline_missing()),
+        when(TP, tp_missing()),
+        when(MESH, mesh_missing()),
     ]
 
 
@@ -97,19 +138,22 @@ class Run:
     """One finished job: each rank's record (the worker's ``rank{N}.pt``) and the
     grad_health events of the JSON log."""
 
-    def __init__(self, outdir: Path, output: str) -> None:
+    def __init__(self, outdir: Path, output: str, nranks: int = 2) -> None:
         self.output = output
-        self.ranks = [torch.load(outdir / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
-        log = outdir / "events.jsonl"
-        lines = log.read_text().splitlines() if log.exists() else []
-        self.events = [json.loads(line) for line in lines]
+        self.ranks = [torch.load(outdir / f"rank{r}.pt", weights_only=True) for r in range(nranks)]
+        self.events = read_events(outdir)
 
     def nonfinite(self) -> list[dict[str, object]]:
-        return [
-            e
-            for e in self.events
-            if e["guard"] == "grad_health" and e["action"] == "nonfinite_gradient"
-        ]
+        return self.action("nonfinite_gradient")
+
+    def action(self, action: str) -> list[dict[str, object]]:
+        return [e for e in self.events if e["action"] == action]
+
+
+def read_events(outdir: Path) -> list[dict[str, object]]:
+    log = outdir / "events.jsonl"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [json.loads(line) for line in lines]
 
 
 def descendants(pid: int) -> list[int]:
@@ -136,13 +180,17 @@ def launch(python: Path, scenario: str, variant: str, outdir: Path) -> Run | str
     env = wheelenv.clean_environ(OMP_NUM_THREADS="1")
     if variant in GUARDED:
         env.update(AUTOGRAD_GUARD=variant, AUTOGRAD_GUARD_LOG=str(outdir / "events.jsonl"))
+    if scenario == CATCHES:  # rank 0 waits this long for rank 1's word at the step it skips
+        policy = "[guards.grad_health]\nexchange_timeout = 3\n"
+        (outdir / "autograd_guard.toml").write_text(policy)
+    nranks = RANKS.get(scenario, 2)
     command = [
         str(python),
         "-m",
         "torch.distributed.run",
         "--standalone",
         "--nproc_per_node",
-        "2",
+        str(nranks),
         str(WORKER),
         scenario,
         variant,
@@ -167,7 +215,7 @@ def launch(python: Path, scenario: str, variant: str, outdir: Path) -> Run | str
             return f"{scenario}/{variant} hung, killed after {TIMEOUT} s:\n{output[-6000:]}"
     if proc.returncode != 0:
         return f"{scenario}/{variant} exited {proc.returncode}:\n{output[-6000:]}"
-    return Run(outdir, output)
+    return Run(outdir, output, nranks)
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +271,8 @@ def assert_same(a: object, b: object, what: str) -> None:
 
 def assert_ranks_equal(a: Run, b: Run, what: str, key: str = "final") -> None:
     """Every rank of ``a`` ends as the same rank of ``b`` (weights and optimizer state)."""
-    for rank in (0, 1):
+    assert len(a.ranks) == len(b.ranks)
+    for rank in range(len(a.ranks)):
         assert_same(a.ranks[rank][key], b.ranks[rank][key], f"rank {rank}: {what}")
 
 
@@ -270,13 +319,12 @@ def test_unguarded_runs_show_the_harm_and_the_handwritten_skip_avoids_it(job, sc
             "rank 1's local weights, never stepped,",
         )
         return
-    if scenario in (SPREAD, ZERO_OWN):  # DDP's all-reduce, ZeRO's broadcast
-        assert not finite(after_nan[0]) and not finite(after_nan[1])
-    else:  # rank 1's copy or shard alone is poisoned: the replicas drift apart
-        assert finite(after_nan[0]) and not finite(after_nan[1])
-        if scenario == DDP:
-            assert differences(after_nan[0]["weights"], after_nan[1]["weights"])
-    assert skipped(handfix) == [[f"skipped step {NAN_STEP}"]] * 2
+    poisoned = [0, 1] if scenario == ZERO_OWN else POISONED.get(scenario, [1])
+    for rank, state in enumerate(after_nan):  # the other ranks' parts step on, finite
+        assert finite(state) == (rank not in poisoned), f"rank {rank} after the NaN"
+    if scenario == DDP:  # rank 1's copy alone is poisoned: the replicas drift apart
+        assert differences(after_nan[0]["weights"], after_nan[1]["weights"])
+    assert skipped(handfix) == [[f"skipped step {NAN_STEP}"]] * len(handfix.ranks)
     for rank in handfix.ranks:
         assert finite(rank["final"])
     if scenario in (DDP, SPREAD, ZERO_OWN):  # replicated weights stay replicated
@@ -286,11 +334,19 @@ def test_unguarded_runs_show_the_harm_and_the_handwritten_skip_avoids_it(job, sc
 # -- guarded ------------------------------------------------------------------------------
 
 
+def assert_no_guard_error(run: Run) -> None:
+    """The guard did not fail (the localiser, say, on a DTensor), and every event carries
+    its rank (the worker passes it to ``init_process_group``: no ``RANK`` variable)."""
+    assert run.action("guard_error") == [], run.action("guard_error")
+    assert all("rank" in e for e in run.events), [e for e in run.events if "rank" not in e]
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_fix_ends_as_the_handwritten_skip_with_one_event(job, scenario):
     fixed, handfix = job(scenario, "fix"), job(scenario, "handfix")
-    assert skipped(fixed) == [[], []], "fix raised"
+    assert skipped(fixed) == [[]] * len(fixed.ranks), "fix raised"
     assert_ranks_equal(fixed, handfix, "fix and handfix")
+    assert_no_guard_error(fixed)
     events = fixed.nonfinite()
     if scenario == ZERO_OTHER:
         assert events == [], "no optimizer reads the non-finite gradient"
@@ -305,7 +361,10 @@ def test_fix_ends_as_the_handwritten_skip_with_one_event(job, scenario):
     if scenario == SOME_RANKS:  # a local optimizer: rank 0's decision alone
         assert event.get("ranks", [0]) == [0], event
     else:
-        assert event.get("ranks") == ([0, 1] if scenario == SPREAD else [1]), event
+        assert event.get("ranks") == POISONED.get(scenario, [1]), event
+    summaries = fixed.action("steps_skipped")  # at exit, after destroy_process_group()
+    stepped_alone = [0] if scenario == SOME_RANKS else list(range(len(fixed.ranks)))
+    assert sorted(e["rank"] for e in summaries) == stepped_alone, summaries
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -321,8 +380,10 @@ def test_strict_raises_on_every_rank_before_any_steps(job, scenario):
         assert skipped(strict) == [[f"local raised at step {NAN_STEP}"], []]
         assert_ranks_equal(strict, handfix, "strict and handfix")
         return
-    assert skipped(strict) == [[f"raised at step {NAN_STEP}"]] * 2, "not every rank raised"
-    for rank in (0, 1):
+    nranks = len(strict.ranks)
+    assert skipped(strict) == [[f"raised at step {NAN_STEP}"]] * nranks, "not every rank raised"
+    assert [e["rank"] for e in strict.nonfinite()] == [0], "logged once, by the first rank"
+    for rank in range(nranks):
         assert_same(
             strict.ranks[rank]["final"],
             handfix.ranks[rank]["history"][NAN_STEP - 1],
@@ -333,10 +394,79 @@ def test_strict_raises_on_every_rank_before_any_steps(job, scenario):
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_observe_changes_nothing(job, scenario):
     observed, plain = job(scenario, "observe"), job(scenario, "plain")
-    assert skipped(observed) == [[], []]
-    for rank in (0, 1):
+    assert skipped(observed) == [[]] * len(observed.ranks)
+    assert_no_guard_error(observed)
+    for rank in range(len(observed.ranks)):
         assert_same(
             observed.ranks[rank]["history"],
             plain.ranks[rank]["history"],
             f"rank {rank}: observe and plain, step by step",
         )
+
+
+# -- ranks out of step, a rank gone, a checkpoint after a skip ------------------------------
+
+
+def test_a_rank_that_catches_its_own_error_runs_as_unguarded(job):
+    """Rank 1 skips step 3 by its own code (no NaN anywhere): the guard notices, says so
+    once on each rank, and each rank decides alone from then on; both ranks end as the
+    unguarded job does, bit for bit, step by step."""
+    plain, fixed = job(CATCHES, "plain"), job(CATCHES, "fix")
+    caught = [[], [f"caught its error at step {NAN_STEP}"]]
+    assert skipped(plain) == skipped(fixed) == caught
+    assert_no_guard_error(fixed)
+    for rank in (0, 1):
+        assert_same(fixed.ranks[rank]["history"], plain.ranks[rank]["history"], f"rank {rank}: fix")
+    notices = fixed.action("ranks_out_of_step")
+    assert sorted(e["rank"] for e in notices) == [0, 1], notices
+    assert fixed.nonfinite() == []
+
+
+def test_a_rank_that_raises_uncaught_ends_the_job_as_unguarded(guard_python, tmp_path):
+    """Rank 1 raises before step 3: the job fails as it does unguarded, within the
+    timeout (no hang), with rank 1's error, and the guard fails nothing of its own."""
+    for variant in ("plain", "fix"):
+        outdir = tmp_path / variant
+        outdir.mkdir()
+        result = launch(guard_python, RAISES, variant, outdir)
+        assert isinstance(result, str), f"{variant}: the job did not fail"
+        assert "hung" not in result.splitlines()[0], result
+        assert "out of memory (raised by the test before step())" in result, result
+        assert not [e for e in read_events(outdir) if e["action"] == "guard_error"]
+
+
+@pytest.mark.skipif(dcp_missing() is not None, reason=str(dcp_missing()))
+def test_a_checkpoint_right_after_a_skipped_first_step_resumes(job):
+    """``torch.distributed.checkpoint`` after a first step skipped on every rank: the
+    skip drops the gradients, so the save initialises the optimizer's state as the
+    fresh optimizer's load does; the run resumes as the hand-written skip that calls
+    ``zero_grad()``, bit for bit."""
+    fixed, handfix = job(DCP, "fix"), job(DCP, "handfix")
+    assert skipped(handfix) == [["skipped step 0"]] * 2
+    assert_ranks_equal(fixed, handfix, "fix and handfix", key="history")
+    assert len(fixed.nonfinite()) == 1
+
+
+def test_the_guards_channel_lets_a_destroyed_process_group_go():
+    """After ``destroy_process_group()`` the guard holds nothing of the old group (its
+    sockets, its store and the store's port are the user's to re-initialise), and the
+    old channel decides no more: a re-initialised job gets a new one."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    from autograd_guard.guards.grad_health.channel import channel_for
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        old = weakref.ref(dist.distributed_c10d._get_default_group())
+        channel = channel_for(dist, [0], 60.0)
+        assert channel_for(dist, [0], 60.0) is channel
+    finally:
+        dist.destroy_process_group()
+    gc.collect()
+    assert old() is None, "the guard kept the destroyed default group alive"
+    assert channel.closed is not None

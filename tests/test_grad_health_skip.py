@@ -455,3 +455,15 @@ def test_a_class_is_walked_for_step_wrappers_once_until_its_step_changes(monkeyp
         assert len(walked) > once  # walked again
     finally:
         gates.remove()
+
+
+def test_a_skipped_first_step_in_one_process_leaves_the_gradients(guarded_fix):
+    """One process: a skip is a hand-written ``continue`` from the first step on (the lines
+    after ``step()`` still read ``.grad``); nothing is dropped and no event says so."""
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    nan_grads(model, True)
+    with capture_events() as events:
+        optimizer.step()
+    assert model.weight.grad is not None and model.bias.grad is not None
+    assert not any("dropped" in str(e.get("event")) for e in events)

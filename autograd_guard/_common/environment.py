@@ -87,12 +87,19 @@ def log(environ: Mapping[str, str] | None = None) -> str | None:
 def rank() -> int | None:
     """The distributed rank, for events: ``torch.distributed``'s once a process group is
     initialised (``mp.spawn``, SLURM and MPI launchers pass it to
-    ``init_process_group``), else torchrun's ``RANK``."""
+    ``init_process_group``), and the last one seen after ``destroy_process_group()``
+    (events at exit); else torchrun's ``RANK``."""
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
+            _LAST_RANK[:] = [int(dist.get_rank())]
+            return _LAST_RANK[0]
     except Exception:
         pass
+    if _LAST_RANK:
+        return _LAST_RANK[0]
     value = os.environ.get("RANK", "")
     return int(value) if value.strip().isdigit() else None
+
+
+_LAST_RANK: list[int] = []  # the rank while a process group was initialised

@@ -20,6 +20,7 @@ and the user name of the parameter it poisoned.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 
@@ -37,13 +38,17 @@ class Job:
     """What a scenario sets up: the model that runs forward, its optimizer, how the NaN
     gets in, and (some_ranks_step) a purely local module and optimizer."""
 
-    def __init__(self, model, optimizer, poison=None, poison_input=False, local=None):
+    def __init__(self, model, optimizer, poison=None, poison_input=False, local=None, **extra):
         self.model = model
         self.optimizer = optimizer
         self.poison = poison  # called after backward at NAN_STEP: returns the name it poisoned
         self.poison_input = poison_input  # rank 1's input is multiplied by NaN at NAN_STEP
         self.local = local  # (module, optimizer) only rank 0 steps, or None
         self.poisoned = None
+        # forward and backward of one batch where the model's own call is not it (pipeline)
+        self.forward_backward = extra.get("forward_backward")
+        self.data_rank = extra.get("data_rank")  # whose data this rank trains on, if not its own
+        self.fault = extra.get("fault")  # rank 1 raises before step() at NAN_STEP: caught or not
 
 
 def make_model():
@@ -165,6 +170,103 @@ def some_ranks_step(rank):
     return Job(model, adam(model.parameters()), poison, local=(local, adam(local.parameters())))
 
 
+def pipeline(rank, nan_stage):
+    """Two ``torch.distributed.pipelining`` stages (GPipe, 2 microbatches): rank 0 holds
+    the first Linear and the Tanh, rank 1 the last Linear; the NaN goes into
+    ``nan_stage``'s gradient."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    full = make_model()
+    submod = nn.Sequential(full[0], full[1]) if rank == 0 else nn.Sequential(full[2])
+    stage = PipelineStage(submod, rank, 2, torch.device("cpu"))
+    schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=F.mse_loss)
+
+    def forward_backward(x, y):
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=y, losses=[])
+
+    def poison():
+        if rank != nan_stage:
+            return None
+        submod[0].weight.grad[0, 0] = NAN
+        return "0.weight"
+
+    return Job(submod, adam(submod.parameters()), poison, forward_backward=forward_backward)
+
+
+def pipeline_nan_first_stage(rank):
+    return pipeline(rank, 0)
+
+
+def pipeline_nan_last_stage(rank):
+    return pipeline(rank, 1)
+
+
+def tensor_parallel(mesh):
+    """The model with its first Linear split by columns and its last by rows over
+    ``mesh`` (DTensor parameters)."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    model = make_model()
+    return parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+
+
+def poison_slice(model, rank, which):
+    """A NaN in rank ``which``'s slice of ``0.weight``'s gradient."""
+    if rank != which:
+        return None
+    with torch.no_grad():
+        model[0].weight.grad.to_local()[0, 0] = NAN
+    return "0.weight"
+
+
+def tp_nan_one_slice(rank):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = tensor_parallel(init_device_mesh("cpu", (2,)))
+    return Job(model, adam(model.parameters()), lambda: poison_slice(model, rank, 1), data_rank=0)
+
+
+def mesh_2x2_nan_one_rank(rank):
+    """4 ranks: data parallel (FSDP2) x tensor parallel on a 2 x 2 mesh; a NaN in rank
+    3's slice. Ranks 0, 1 train on one batch, ranks 2, 3 on another."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model = tensor_parallel(mesh["tp"])
+    fully_shard()(model, mesh=mesh["dp"])
+    job = Job(model, adam(model.parameters()), lambda: poison_slice(model, rank, 3))
+    job.data_rank = rank // 2
+    return job
+
+
+def fully_shard():
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch 2.4-2.5
+        from torch.distributed._composable.fsdp import fully_shard
+    return fully_shard
+
+
+def ddp_rank_catches_its_error(rank):
+    """No NaN: rank 1 raises before ``step()`` at NAN_STEP and catches it (a batch it
+    skips alone, the usual way to survive an OOM); rank 0 steps."""
+    model = ddp(make_model())
+    return Job(model, adam(model.parameters()), fault="catch")
+
+
+def ddp_rank_raises(rank):
+    """No NaN: rank 1 raises before ``step()`` at NAN_STEP and does not catch it."""
+    model = ddp(make_model())
+    return Job(model, adam(model.parameters()), fault="raise")
+
+
 SCENARIOS = {
     f.__name__: f
     for f in (
@@ -175,6 +277,12 @@ SCENARIOS = {
         fsdp1_shard_nan,
         fsdp2_nan,
         some_ranks_step,
+        pipeline_nan_first_stage,
+        pipeline_nan_last_stage,
+        tp_nan_one_slice,
+        mesh_2x2_nan_one_rank,
+        ddp_rank_catches_its_error,
+        ddp_rank_raises,
     )
 }
 
@@ -254,24 +362,33 @@ def train(job, rank, variant):
     history, happened = [], []
     for step in range(STEPS):
         nan_step = inject and step == NAN_STEP
-        x, y = batch(step, rank)
+        x, y = batch(step, rank if job.data_rank is None else job.data_rank)
         if nan_step and job.poison_input and rank == 1:
             x = x * NAN  # the all-reduce spreads it to every rank
-        loss = F.mse_loss(job.model(x), y)
-        if job.local is not None:
-            loss = loss + job.local[0](x[:, :3]).pow(2).mean()
-        loss.backward()
+        if job.forward_backward is not None:
+            job.forward_backward(x, y)
+        else:
+            loss = F.mse_loss(job.model(x), y)
+            if job.local is not None:
+                loss = loss + job.local[0](x[:, :3]).pow(2).mean()
+            loss.backward()
         if nan_step and job.poison is not None:
             job.poisoned = job.poison()
         stop = False
-        if variant == "handfix" and not consumed_finite(job.optimizer):
-            happened.append(f"skipped step {step}")
-        else:
-            try:
+        try:
+            if step == NAN_STEP and rank == 1 and job.fault is not None:
+                raise RuntimeError("out of memory (raised by the test before step())")
+            if variant == "handfix" and not consumed_finite(job.optimizer):
+                happened.append(f"skipped step {step}")
+            else:
                 job.optimizer.step()
-            except refused:
-                happened.append(f"raised at step {step}")
-                stop = True
+        except refused:
+            happened.append(f"raised at step {step}")
+            stop = True
+        except RuntimeError:
+            if job.fault != "catch":
+                raise
+            happened.append(f"caught its error at step {step}")
         job.optimizer.zero_grad()
         if job.local is not None:
             local_step(job, rank, variant, step, happened, refused)
@@ -296,12 +413,55 @@ def local_step(job, rank, variant, step, happened, refused):
     opt.zero_grad()
 
 
+def dcp_resume_after_skip(rank, variant, outdir):
+    """DDP with a NaN in rank 1's gradient at the first step; a
+    ``torch.distributed.checkpoint`` save right after that step (before the next
+    ``zero_grad()``), a fresh model and optimizer loaded from it, two more steps."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model = ddp(make_model())
+    opt = adam(model.parameters())
+    history, happened = [], []
+    for step in range(3):
+        opt.zero_grad()
+        x, y = batch(step, rank)
+        F.mse_loss(model(x), y).backward()
+        if step == 0 and rank == 1:
+            model.module[0].weight.grad[0, 0] = NAN
+        if variant == "handfix" and not consumed_finite(opt):
+            happened.append(f"skipped step {step}")
+            opt.zero_grad()  # the hand-written skip drops the gradients too
+        else:
+            opt.step()
+        if step == 0:
+            path = os.path.join(outdir, "checkpoint")
+            weights, state = get_state_dict(model, opt)
+            dcp.save({"model": weights, "optim": state}, checkpoint_id=path)
+            model = ddp(make_model())
+            opt = adam(model.parameters())
+            weights, state = get_state_dict(model, opt)
+            loaded = {"model": weights, "optim": state}
+            dcp.load(loaded, checkpoint_id=path)
+            set_state_dict(
+                model, opt, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"]
+            )
+        history.append(snapshot(Job(model, opt)))
+    return history, happened
+
+
 def main():
     scenario, variant, outdir = sys.argv[1:4]
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    job = SCENARIOS[scenario](rank)
-    history, happened = train(job, rank, variant)
+    # the rank given to init_process_group, as mp.spawn, SLURM and MPI launchers do: the
+    # guard's events must carry it without a RANK variable, also at exit
+    rank, world = int(os.environ.pop("RANK")), int(os.environ.pop("WORLD_SIZE"))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if scenario == "dcp_resume_after_skip":
+        job = Job(None, None)
+        history, happened = dcp_resume_after_skip(rank, variant, outdir)
+    else:
+        job = SCENARIOS[scenario](rank)
+        history, happened = train(job, rank, variant)
     result = {
         "rank": rank,
         "happened": happened,
@@ -316,7 +476,11 @@ def main():
     sys.stdout.flush()
     sys.stderr.flush()
     # gloo's teardown at interpreter exit sometimes aborts on torch 2.13 ("terminate called
-    # without an active exception"), guard or no guard: leave without it.
+    # without an active exception"), guard or no guard: leave without it, once the exit
+    # handlers (the guard's last events) have run.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(0)
 
 

@@ -20,8 +20,10 @@ the step for real, its body never runs (weights, state, ``param_groups`` and inn
 optimizers as after a hand-written ``continue``; the post-hooks still run, as the lines
 after ``step()`` do); ``strict`` raises before the weights change. A closure step is
 checked after each evaluation and stopped there, undone from a snapshot where it may have
-moved the weights (LBFGS, SAM). Ranks that share the parameters (DDP, ZeRO, FSDP,
-DTensor) decide together through one all-reduced flag. A fused optimizer on CUDA is lent
+moved the weights (LBFGS, SAM). The ranks of one model (DDP, ZeRO, FSDP, tensor
+parallel, pipeline stages) decide each step together, on a channel of the guard's own
+that never meets the user's collectives (or alone, said once, where they are out of
+step). A fused optimizer on CUDA is lent
 the flag and skips on the device, with no host sync; steps that GradScaler hands to a
 fused optimizer are its to skip. After the first non-finite step, a few backward passes
 are recorded to name the backward op that first produced the value and the forward line
@@ -48,7 +50,7 @@ from autograd_guard.guards.grad_health.compile import EagerHooks
 from autograd_guard.guards.grad_health.dist import local_gradient, user_names
 from autograd_guard.guards.grad_health.findings import FIND_IT, MAKE_SAFE, Findings
 from autograd_guard.guards.grad_health.flow import StepFlow
-from autograd_guard.guards.grad_health.gate import SKIP, Gates
+from autograd_guard.guards.grad_health.gate import SKIP, Gates, drop_gradients
 from autograd_guard.guards.grad_health.probe import BackwardProbe
 from autograd_guard.guards.grad_health.record import Records
 from autograd_guard.guards.grad_health.repair import WOULD_FIX, RepairFlow
@@ -113,6 +115,14 @@ class GradHealth(StepFlow, RepairFlow, Findings, Guard):
             "warn",
             "what a stall does: log an error (warn) or stop the run with a GuardError (raise)",
             choices=("warn", "raise"),
+        ),
+        "exchange_timeout": Option(
+            float,
+            60.0,
+            "seconds a rank waits for the others' word at a shared optimizer step before it "
+            "decides alone from then on (ranks out of step, a rank gone)",
+            minimum=1.0,
+            maximum=86_400.0,
         ),
         "zero_steps": Option(
             int,
@@ -203,6 +213,11 @@ class GradHealth(StepFlow, RepairFlow, Findings, Guard):
             done = done.replace("fix would skip it)", f"fix would {WOULD_FIX})")
         if verdict == SKIP:
             record.skipped += 1
+            # every step so far skipped, on the ranks of a shared model (a closure's step
+            # body is still on): the checkpoint-resume case; one process keeps `continue`
+            fresh = record.sharing is not None and record.skipped == record.step
+            if fresh and not on_device and evaluation is None:
+                done += drop_gradients(optimizer)
         if speaks:
             self.emit(
                 f"{what}: {done}",

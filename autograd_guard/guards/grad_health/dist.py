@@ -1,12 +1,14 @@
-"""grad_health across ranks: one decision per step for every rank that shares the
-parameters, as torch's ``ShardedGradScaler``, fairscale's and DeepSpeed's overflow checks
-make it.
+"""grad_health across ranks: one decision per step for every rank that holds a part of the
+same model, as Megatron-LM's ``found_inf`` (reduced over tensor x pipeline ranks),
+DeepSpeed's pipeline overflow flag and torch's ``ShardedGradScaler`` make it.
 
 Each rank checks the gradients its own optimizer consumes (the local shard under
 ``ZeroRedundancyOptimizer``, FSDP's flat-parameter shard, a DTensor's local tensor) and
-the flags are all-reduced over the group that owns those parameters. A collective is
-started only for an optimizer whose parameters are shared, by DDP, FSDP (1 and 2),
-ZeRO or a DTensor mesh, whose ranks all step it: a purely local optimizer decides alone,
+the flags are summed over the model's ranks on the guard's own channel (``channel``). The
+model's ranks are the union of the groups its parameters belong to: DDP's and FSDP1's
+process group, ZeRO's, every rank of a DTensor's mesh (FSDP2, tensor parallel, 2-D DP x
+TP), a ``torch.distributed.pipelining`` stage's group (every stage of one schedule, one
+exchange per optimizer step, none per microbatch). A purely local optimizer decides alone,
 so an optimizer that only some ranks step never waits on the others.
 """
 
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import sys
 
+from autograd_guard._common.environment import rank
+from autograd_guard.guards.grad_health.channel import ChannelClosed, channel_for
 from autograd_guard.guards.grad_health.check import ALL_ZERO, SOME_VALUE, wrapper_modules
 from autograd_guard.guards.grad_health.step import params_of
 
@@ -21,60 +25,71 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from autograd_guard.guards.grad_health.channel import Channel
+
 # Wrapper modules whose names are not the user's (FSDP1, activation checkpointing, compile)
 WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 _FLAT = "_flat_param"
+_STAGE = ("torch.distributed.pipelining.stage", "_PipelineStageBase")
 
 
 class Sharing:
-    """How one optimizer's parameters are shared: the group that decides together and
-    the parameters whose gradients this rank consumes."""
+    """How one optimizer's parameters are shared: the ranks that decide together, the
+    guard's channel between them and the parameters whose gradients this rank consumes."""
 
-    __slots__ = ("first", "group", "ranks", "shard")
+    __slots__ = ("channel", "first", "index", "ranks", "shard")
 
-    def __init__(self, dist: Any, group: Any, shard: list[Any]) -> None:
-        self.group = group
+    def __init__(self, channel: Channel, shard: list[Any], index: int) -> None:
+        self.channel = channel
         self.shard = shard
-        self.ranks: list[int] = list(dist.get_process_group_ranks(group))
-        self.first = self.ranks[0] == dist.get_rank()  # logs the group's decisions
+        self.ranks = channel.ranks
+        self.first = channel.me == 0  # logs the group's decisions
+        self.index = index  # the optimizer's place among those on this channel
 
-    def exchange(self, local: bool, device: Any, word: float) -> tuple[list[int], bool]:
-        """All-reduce this rank's flag and its word on zero gradients (``zero``):
-        the global ranks whose gradients were not finite, and whether every gradient of
-        the group was exactly zero. Every rank of the group calls it at the same step,
-        whatever it found."""
+    def exchange(self, local: bool, word: float, step: int) -> tuple[list[int], bool]:
+        """Sum this rank's flag, its word on zero gradients and its step: the global
+        ranks whose gradients were not finite, and whether every gradient of the group
+        was exactly zero. ChannelClosed where the ranks cannot decide together."""
         torch = sys.modules["torch"]
-        dist = torch.distributed
-        n = len(self.ranks)
-        flags = torch.zeros(2 * n, device=_flag_device(dist, self.group, device))
-        me = dist.get_rank(self.group)
-        flags[n + me] = word
-        if local:
-            flags[me] = 1.0
-        dist.all_reduce(flags, group=self.group)
-        values = flags.tolist()
-        words = values[n:]
+        n, me = len(self.ranks), self.channel.me
+        values = torch.zeros(3 * n, dtype=torch.float64)
+        values[me], values[n + me] = float(local), word
+        values[2 * n + me] = tag = float(step * 1024 + self.index % 1024)
+        summed = self.channel.all_reduce(values).tolist()
+        if any(other != tag for other in summed[2 * n :]):
+            steps = ", ".join(
+                f"rank {rank} at its step {int(other) // 1024}"
+                for rank, other in zip(self.ranks, summed[2 * n :], strict=True)
+            )
+            raise self.channel.close(
+                f"the ranks were not at the same optimizer step ({steps}): a rank skipped "
+                "or repeated a step by its own code"
+            )
+        words = summed[n : 2 * n]
         all_zero = ALL_ZERO in words and SOME_VALUE not in words
-        return [rank for rank, flag in zip(self.ranks, values, strict=False) if flag], all_zero
+        return [rank for rank, flag in zip(self.ranks, summed, strict=False) if flag], all_zero
 
     def gather_names(self, names: list[str]) -> list[str]:
         """Every rank's names of its non-finite parameters (after ``exchange`` found some,
-        so every rank of the group calls it)."""
-        dist = sys.modules["torch"].distributed
-        gathered: list[Any] = [None] * len(self.ranks)
-        dist.all_gather_object(gathered, names, group=self.group)
+        so every rank of the group calls it); this rank's alone if the channel fails."""
+        try:
+            gathered = self.channel.gather(names)
+        except ChannelClosed:
+            return names
         merged: list[str] = []
         for part in gathered:
             merged += [name for name in part or () if name not in merged]
         return merged
 
 
-def sharing_of(optimizer: Any, params: list[Any]) -> Sharing | None:
+def sharing_of(optimizer: Any, params: list[Any], timeout: float, count: int) -> Sharing | None:
     """How ``optimizer``'s parameters are shared across ranks; None when it decides alone
-    (one process, or parameters no rank shares)."""
+    (one process, or parameters no rank shares). ``count``: the optimizers already
+    sharing (each gets its place on a channel)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
+    rank()  # remembered for the events written after destroy_process_group()
     if dist.get_world_size() < 2:
         return None
     zero = getattr(
@@ -82,60 +97,63 @@ def sharing_of(optimizer: Any, params: list[Any]) -> Sharing | None:
         "ZeroRedundancyOptimizer",
         None,
     )
+    shard = params
+    found: list[frozenset[int]] = []
     if zero is not None and isinstance(optimizer, zero):
-        return Sharing(dist, optimizer.process_group, params_of(optimizer.optim))
-    groups: list[Any] = []
+        shard = params_of(optimizer.optim)
+        found.append(frozenset(dist.get_process_group_ranks(optimizer.process_group)))
     owners = _owners(dist)
     for param in params:
-        group = _mesh_group(dist, param)
-        if group is None:
-            group = owners.get(id(param))
-        if group is not None and not any(group is known for known in groups):
-            groups.append(group)
-    if not groups:
+        held = _mesh_ranks(param)
+        if held is None:
+            held = owners.get(id(param))
+        if held is not None and held not in found:
+            found.append(held)
+    ranks = _model_ranks(dist, found)
+    if len(ranks) < 2 or dist.get_rank() not in ranks:
         return None
-    return Sharing(dist, groups[0] if len(groups) == 1 else dist.group.WORLD, params)
+    return Sharing(channel_for(dist, ranks, timeout), shard, count)
 
 
-def _owners(dist: Any) -> dict[int, Any]:
-    """id(parameter) -> process group, for the parameters of live DDP and FSDP1 modules
-    (one scan of live objects per optimizer, on its first step)."""
+def _model_ranks(dist: Any, found: list[frozenset[int]]) -> list[int]:
+    """The ranks of one model: the largest group found where it holds the others, else
+    every rank."""
+    if not found:
+        return []
+    largest = max(found, key=len)
+    if all(ranks <= largest for ranks in found):
+        return sorted(largest)
+    return list(range(dist.get_world_size()))
+
+
+def _owners(dist: Any) -> dict[int, frozenset[int]]:
+    """id(parameter) -> the ranks of its group, for the parameters of live DDP and FSDP1
+    modules and pipeline stages (one scan of live objects per optimizer, on its first
+    step)."""
     import gc
 
-    kinds = wrapper_modules()
-    owners: dict[int, Any] = {}
+    stage = getattr(sys.modules.get(_STAGE[0]), _STAGE[1], None)
+    kinds = wrapper_modules() + ((stage,) if isinstance(stage, type) else ())
+    owners: dict[int, frozenset[int]] = {}
     if not kinds:
         return owners
     # type(), never isinstance: a deprecated proxy's __class__ warns (reduce_op)
     found: list[Any] = [obj for obj in gc.get_objects() if issubclass(type(obj), kinds)]
     for obj in found:
-        group = getattr(obj, "process_group", None) or dist.group.WORLD
-        for param in obj.parameters():
-            owners.setdefault(id(param), group)
+        group = getattr(obj, "process_group", None) or getattr(obj, "group", None)
+        ranks = frozenset(dist.get_process_group_ranks(group or dist.group.WORLD))
+        module = obj.submod if stage is not None and isinstance(obj, stage) else obj
+        for param in module.parameters():
+            owners.setdefault(id(param), ranks)
     return owners
 
 
-def _mesh_group(dist: Any, param: Any) -> Any:
-    """The group of a DTensor parameter's mesh (FSDP2, tensor parallel)."""
+def _mesh_ranks(param: Any) -> frozenset[int] | None:
+    """Every rank of a DTensor parameter's mesh (FSDP2, tensor parallel, 2-D meshes)."""
     mesh = getattr(param, "device_mesh", None)
     if mesh is None or not hasattr(param, "to_local"):
         return None
-    try:
-        return mesh.get_group() if mesh.ndim == 1 else dist.group.WORLD
-    except Exception:
-        return dist.group.WORLD
-
-
-def _flag_device(dist: Any, group: Any, device: Any) -> Any:
-    """Where the group's backend takes the flags: the CPU for gloo, the device for NCCL."""
-    torch = sys.modules["torch"]
-    try:
-        backend = str(dist.get_backend(group)).lower()
-    except Exception:
-        backend = "gloo"
-    if "nccl" in backend and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return device if device is not None and "gloo" not in backend else torch.device("cpu")
+    return frozenset(int(rank) for rank in mesh.mesh.flatten().tolist())
 
 
 def local_gradient(grad: Any) -> Any:

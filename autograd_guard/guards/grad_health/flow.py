@@ -13,11 +13,12 @@ import threading
 
 from autograd_guard.errors import GuardError
 from autograd_guard.guards.grad_health import usage, zero
-from autograd_guard.guards.grad_health.check import ALL_ZERO, NO_GRADIENTS, SOME_VALUE, PendingFlag
+from autograd_guard.guards.grad_health.check import PendingFlag
 from autograd_guard.guards.grad_health.closure import ClosureFlow
-from autograd_guard.guards.grad_health.dist import local_gradient, sharing_of
+from autograd_guard.guards.grad_health.dist import local_gradient
 from autograd_guard.guards.grad_health.gate import CLOSURE, RUN, SKIP
 from autograd_guard.guards.grad_health.step import closure_of, params_of
+from autograd_guard.guards.grad_health.together import SharedFlow
 from autograd_guard.guards.grad_health.usage import UsageFlow
 from autograd_guard.guards.grad_health.zero import ZeroFlow
 
@@ -30,14 +31,13 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.check import FiniteCheck, Slot
     from autograd_guard.guards.grad_health.closure import Evaluation
     from autograd_guard.guards.grad_health.compile import EagerHooks
-    from autograd_guard.guards.grad_health.dist import Sharing
     from autograd_guard.guards.grad_health.gate import Gates
     from autograd_guard.guards.grad_health.probe import BackwardProbe
     from autograd_guard.guards.grad_health.record import Record, Records
     from autograd_guard.guards.grad_health.words import StepSites
 
 
-class StepFlow(ZeroFlow, UsageFlow, ClosureFlow):
+class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
     """What runs at each optimizer step (``GradHealth`` provides the state and reports)."""
 
     active: bool
@@ -157,7 +157,7 @@ class StepFlow(ZeroFlow, UsageFlow, ClosureFlow):
             record.empty = 0
         else:
             self._no_gradient(optimizer, record, params)
-        if sharing is not None and self.mode != "observe":
+        if sharing is not None and self.mode != "observe" and sharing.channel.closed is None:
             return self._decide_together(
                 optimizer, record, consumed, grads, sharing, gated, evaluation
             )
@@ -174,7 +174,7 @@ class StepFlow(ZeroFlow, UsageFlow, ClosureFlow):
             if self._lend_flag(optimizer, record, grads, slot):
                 return RUN
         local = grads if plain else [local_gradient(g) for g in grads]
-        flag = self._zero_probe(record, local) if sharing is None else None  # observe: alone
+        flag = self._zero_probe(record, local) if sharing is None else None  # alone
         if self._finite.all_finite(local, slot, flag):
             record.in_a_row = 0
             if flag is not None:
@@ -182,45 +182,6 @@ class StepFlow(ZeroFlow, UsageFlow, ClosureFlow):
             return RUN
         bad = [p for p in consumed if p.grad is not None]
         return self._nonfinite(optimizer, record, bad, gated=gated, evaluation=evaluation)
-
-    def _decide_together(
-        self,
-        optimizer: Any,
-        record: Record,
-        consumed: list[Any],
-        grads: list[Any],
-        sharing: Sharing,
-        gated: bool,
-        evaluation: Evaluation | None,
-    ) -> object:
-        """Every rank of the group enters the exchange, whatever it found."""
-        local, word = False, NO_GRADIENTS
-        try:
-            if grads:
-                values = [local_gradient(g) for g in grads]
-                flag = self._zero_probe(record, values)
-                local = not self._finite.all_finite(values, None, flag)
-                all_zero = not local and zero.all_zero(record, values, flag)
-                if local or any(v.numel() for v in values):  # a shard of empty ones says nothing
-                    word = ALL_ZERO if all_zero else SOME_VALUE
-        except Exception as exc:  # the exchange still happens: no rank is left waiting
-            self.fail("step check", exc)
-        device = grads[0].device if grads else None
-        ranks, all_zero = sharing.exchange(local, device, word)
-        if not ranks:
-            record.in_a_row = 0
-            self._zero_counted(optimizer, record, all_zero, sharing)
-            return RUN
-        bad = [p for p in consumed if p.grad is not None] if local else []
-        return self._nonfinite(
-            optimizer, record, bad, gated=gated, sharing=sharing, ranks=ranks, evaluation=evaluation
-        )
-
-    def _sharing(self, optimizer: Any, record: Record, params: list[Any]) -> Sharing | None:
-        if record.shared_known != len(params):  # the first step, or add_param_group
-            record.shared_known = len(params)
-            record.sharing = sharing_of(optimizer, params)
-        return record.sharing
 
     def _lost_check(self, optimizer: Any, record: Record, params: list[Any]) -> None:
         lost_steps = self.config["lost_steps"]

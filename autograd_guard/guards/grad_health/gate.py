@@ -139,6 +139,27 @@ class Gates:
         return self._code or None
 
 
+def drop_gradients(optimizer: Any) -> str:
+    """A skip leaves the gradients as they are (a hand-written ``continue`` does; the
+    post-hooks and the lines after ``step()`` see them), except, on the ranks of a shared
+    model, on an optimizer that has never stepped (every step so far skipped, no state):
+    the caller's test; there they are dropped (``.grad = None``, as ``zero_grad()`` does),
+    so that it is exactly a fresh optimizer. ``torch.distributed.checkpoint``
+    initialises the state of an optimizer without state only where no gradient is left
+    (``_init_optim_state``): with them left, the save holds no state while the fresh
+    optimizer's load makes one, and the resume fails (``Missing key in checkpoint
+    state_dict: optim.state.0.weight.step``). Returns the words for the event."""
+    if getattr(optimizer, "state", True):
+        return ""
+    for group in getattr(optimizer, "param_groups", ()):
+        for param in group["params"]:
+            param.grad = None
+    return (
+        "; its gradients were dropped (.grad = None, as optimizer.zero_grad() does): it had "
+        "never stepped"
+    )
+
+
 def _first_step(kind: type) -> int:
     """The MRO index of the class that defines ``kind.step``."""
     for index, klass in enumerate(kind.__mro__):

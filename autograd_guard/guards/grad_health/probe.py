@@ -25,6 +25,7 @@ import time
 import weakref
 
 from autograd_guard.guards.grad_health.check import gradient_sum
+from autograd_guard.guards.grad_health.dist import local_gradient as shard_of
 from autograd_guard.guards.grad_health.made import (
     LEAF,
     forward_maker,
@@ -207,11 +208,11 @@ class BackwardProbe:
         torch = sys.modules["torch"]
         try:
             with torch.no_grad():
-                sums = [gradient_sum(torch, g) for g in grad_inputs if g is not None]
+                sums = [gradient_sum(torch, shard_of(g)) for g in grad_inputs if g is not None]
                 outputs = len(sums)
                 saved = _saved_tensors(node) if sums else []
                 # what the forward op saw: a value already non-finite is no origin
-                sums += [gradient_sum(torch, t) for _, t in saved]
+                sums += [gradient_sum(torch, shard_of(t)) for _, t in saved]
             if sums:
                 local = mendable(node, True, grad_inputs, grad_outputs)  # if it was tainted
                 pending.append((node, outputs, sums, [name for name, _ in saved], local))
@@ -248,8 +249,7 @@ def _nonfinite_nodes(
 ) -> tuple[list[tuple[Any, bool, bool]], dict[int, dict[str, bool]]]:
     """The nodes in ``pending`` with a non-finite output, in order, each with whether its
     forward values were already non-finite (tainted) and whether it can be mended; and
-    each node's saved values, by
-    name, finite or not (by ``id``). Read with one sync per device."""
+    each node's saved values, by name, finite or not (by ``id``). One sync per device."""
     flat = [flag for _, _, flags, _, _ in pending for flag in flags]
     by_device: dict[Any, list[int]] = {}
     for index, flag in enumerate(flat):

@@ -1,0 +1,104 @@
+"""The shared half of grad_health's step logic: a step whose optimizer's parameters are
+shared by the ranks of one model is decided together, on the guard's own channel
+(``dist``, ``channel``), or alone once the ranks cannot decide together.
+
+A mixin of ``StepFlow``.
+"""
+
+from __future__ import annotations
+
+from autograd_guard.guards.grad_health import zero
+from autograd_guard.guards.grad_health.channel import ChannelClosed
+from autograd_guard.guards.grad_health.check import ALL_ZERO, NO_GRADIENTS, SOME_VALUE
+from autograd_guard.guards.grad_health.dist import local_gradient, sharing_of
+from autograd_guard.guards.grad_health.gate import RUN
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from autograd_guard.guards.grad_health.check import FiniteCheck
+    from autograd_guard.guards.grad_health.closure import Evaluation
+    from autograd_guard.guards.grad_health.dist import Sharing
+    from autograd_guard.guards.grad_health.record import Record, Records
+    from autograd_guard.guards.grad_health.words import StepSites
+
+
+class SharedFlow:
+    """Deciding a step with the other ranks of the model (``GradHealth`` reports)."""
+
+    config: dict[str, Any]
+    _records: Records
+    _finite: FiniteCheck
+    _sites: StepSites
+    fail: Callable[[str, BaseException], None]
+    emit: Callable[..., bool]
+    _nonfinite: Callable[..., object]
+    _zero_probe: Callable[..., Any]
+    _zero_counted: Callable[..., None]
+
+    def _decide_together(
+        self,
+        optimizer: Any,
+        record: Record,
+        consumed: list[Any],
+        grads: list[Any],
+        sharing: Sharing,
+        gated: bool,
+        evaluation: Evaluation | None,
+    ) -> object:
+        """Every rank of the group enters the exchange, whatever it found; where the
+        ranks cannot decide together, this rank decides on its own gradients."""
+        local, word = False, NO_GRADIENTS
+        try:
+            if grads:
+                values = [local_gradient(g) for g in grads]
+                flag = self._zero_probe(record, values)
+                local = not self._finite.all_finite(values, None, flag)
+                all_zero = not local and zero.all_zero(record, values, flag)
+                if local or any(v.numel() for v in values):  # a shard of empty ones says nothing
+                    word = ALL_ZERO if all_zero else SOME_VALUE
+        except Exception as exc:  # the exchange still happens: no rank is left waiting
+            self.fail("step check", exc)
+        try:
+            ranks, all_zero = sharing.exchange(local, word, record.step)
+        except ChannelClosed as closed:
+            self._alone(optimizer, sharing, str(closed))
+            if not local:
+                return RUN
+            bad = [p for p in consumed if p.grad is not None]
+            return self._nonfinite(optimizer, record, bad, gated=gated, evaluation=evaluation)
+        if not ranks:
+            record.in_a_row = 0
+            self._zero_counted(optimizer, record, all_zero, sharing)
+            return RUN
+        bad = [p for p in consumed if p.grad is not None] if local else []
+        return self._nonfinite(
+            optimizer, record, bad, gated=gated, sharing=sharing, ranks=ranks, evaluation=evaluation
+        )
+
+    def _alone(self, optimizer: Any, sharing: Sharing, why: str) -> None:
+        """The ranks cannot decide together any more: said once per channel, by each rank."""
+        channel = sharing.channel
+        if channel.said:
+            return
+        channel.said = True
+        self.emit(
+            f"{why}; from now on each rank of {', '.join(map(str, channel.ranks))} decides "
+            "its optimizer steps on its own gradients (a non-finite gradient on one rank "
+            "skips that rank's step alone)",
+            action="ranks_out_of_step",
+            callsite=self._sites.site(optimizer),
+            ranks=channel.ranks,
+            remedy="step every rank of the model at every step (skip a batch on all ranks "
+            "together, e.g. by all-reducing the reason first), or raise on every rank",
+        )
+
+    def _sharing(self, optimizer: Any, record: Record, params: list[Any]) -> Sharing | None:
+        if record.shared_known != len(params):  # the first step, or add_param_group
+            record.shared_known = len(params)
+            count = sum(1 for other in self._records.all() if other.sharing is not None)
+            timeout = self.config["exchange_timeout"]
+            record.sharing = sharing_of(optimizer, params, timeout, count)
+        return record.sharing  # one whose channel closed still says what this rank consumes
