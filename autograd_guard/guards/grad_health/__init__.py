@@ -212,12 +212,7 @@ class GradHealth(StepFlow, RepairFlow, Findings, Guard):
         elif self.mode == "observe" and self._repairs():
             done = done.replace("fix would skip it)", f"fix would {WOULD_FIX})")
         if verdict == SKIP:
-            record.skipped += 1
-            # every step so far skipped, on the ranks of a shared model (a closure's step
-            # body is still on): the checkpoint-resume case; one process keeps `continue`
-            fresh = record.sharing is not None and record.skipped == record.step
-            if fresh and not on_device and evaluation is None:
-                done += drop_gradients(optimizer)
+            done += _count_skip(optimizer, record, on_device, evaluation)
         if speaks:
             self.emit(
                 f"{what}: {done}",
@@ -280,3 +275,13 @@ class GradHealth(StepFlow, RepairFlow, Findings, Guard):
 
 
 GUARD = GradHealth
+
+
+def _count_skip(optimizer: Any, record: Record, on_device: bool, evaluation: Any) -> str:
+    """Count a skipped step. On the ranks of a shared model whose every step so far was
+    skipped (the checkpoint-resume case; not while a closure's step body is still on), its
+    gradients are dropped as ``zero_grad()`` would; one process keeps a bare ``continue``.
+    What the event adds to its words."""
+    record.skipped += 1
+    fresh = record.sharing is not None and record.skipped == record.step
+    return drop_gradients(optimizer) if fresh and not on_device and evaluation is None else ""
