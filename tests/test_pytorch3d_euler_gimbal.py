@@ -157,7 +157,8 @@ def test_pose_fit_stalls_under_grad_health_and_moves_guarded():
     # Unguarded, every step's gradient is NaN and Adam writes NaN into the poses.
     assert nonfinite == 60 and not torch.isfinite(poses).all()
     # grad_health alone skips each such step: finite, but the poses never move.
-    autograd_guard.install({"disable": ["pytorch3d_euler_gimbal"]})
+    skip = {"grad_health": {"nonfinite_fix": "skip"}}  # skip, not repair at the origin
+    autograd_guard.install({"disable": ["pytorch3d_euler_gimbal"], "guards": skip})
     with capture_events() as events:
         losses, nonfinite, poses = fit_poses()
     assert nonfinite == 60 and len(set(losses)) == 1

@@ -79,5 +79,6 @@ def test_only_the_main_process_says_it(terminal, monkeypatch):
 
 def test_grad_health_off_is_said(terminal):
     autograd_guard.install({"disable": ["grad_health"]})
+    _events.reset(totals=True)  # late_patch notes of libraries earlier tests imported
     terminal()
     assert word.line().endswith("grad_health off; nothing to report")
