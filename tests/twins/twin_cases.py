@@ -44,6 +44,7 @@ LIBRARIES = {
     "pytorch3d",
     "warp-1.5.1",
     "warp-1.19.0",
+    "warp-1.16.0",
     "ipex-2.1.10+xpu",
     "pytorch_optimizer",
     "accelerate",

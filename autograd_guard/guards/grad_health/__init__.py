@@ -225,7 +225,7 @@ class GradHealth(StepFlow, RepairFlow, Findings, Guard):
                 remedy=self._nonfinite_remedy(),
             )
         if bad:
-            self._arm_probe(site)
+            self._arm_probe(site, shared=record.sharing is not None)
         if record.nonfinite(self.config["stall_steps"]) and speaks:
             self._stalled(record, site)
         return verdict

@@ -121,7 +121,9 @@ class Findings:
             optimizer=type(optimizer).__name__,
         )
 
-    def _arm_probe(self, site: str) -> None:
+    def _arm_probe(self, site: str, shared: bool = False) -> None:
+        """Record the next passes to name the op. Repair is for one process: where ranks
+        decide together (``shared``), the probe only names the op, never mends a pass."""
         passes = self.config["localize_steps"]
         if self.mode == "strict" or not passes:
             return
@@ -130,6 +132,7 @@ class Findings:
                 self._probes_left -= 1
                 probe = BackwardProbe(passes, passes + 2, self._hooks.eager)
                 probe.confirm = self._repairs() and self.mode in ("fix", "observe")
+                probe.confirm = probe.confirm and not shared
                 probe.mend = probe.confirm and self.mode == "fix"
                 probe.arm()
                 self._probe, self._probe_site = probe, site

@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 import sys
 
+from autograd_guard.guards.grad_health.dist import local_gradient
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -207,9 +209,10 @@ def leaves_finite(torch: Any, node: Any) -> bool:
         seen.add(id(current))
         variable = getattr(current, "variable", None)
         if variable is not None and variable.is_floating_point():
-            leaves.append(variable.detach())
+            leaves.append(local_gradient(variable.detach()))  # a DTensor: this rank's shard
         todo.extend(n for n, _ in current.next_functions)
-    return all(bool(v.isfinite().all()) for v in leaves)
+    # a storage freed after backward (FSDP2's unsharded parameters) cannot be read
+    return all(bool(v.isfinite().all()) for v in leaves if v.untyped_storage().nbytes())
 
 
 def leaves_below(nodes: list[Any]) -> list[Any]:

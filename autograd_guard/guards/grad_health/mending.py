@@ -12,6 +12,7 @@ import sys
 import threading
 
 from autograd_guard.guards.grad_health.check import PendingFlag, gradient_sum
+from autograd_guard.guards.grad_health.dist import local_gradient as local
 from autograd_guard.guards.grad_health.made import (
     graph_nodes,
     in_transform,
@@ -96,7 +97,7 @@ class Repairer:
         torch = sys.modules["torch"]
         roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
         with torch.no_grad():
-            sums = [gradient_sum(torch, t).float() for t in roots if t.is_floating_point()]
+            sums = [gradient_sum(torch, local(t)).float() for t in roots if t.is_floating_point()]
             loss = torch.stack(sums).sum() if sums else None
         if loss is None:
             return [], None, None

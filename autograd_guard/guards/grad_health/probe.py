@@ -157,7 +157,7 @@ class BackwardProbe:
         try:
             roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
             with torch.no_grad():
-                sums = [gradient_sum(torch, t) for t in roots if t.is_floating_point()]
+                sums = [gradient_sum(torch, shard_of(t)) for t in roots if t.is_floating_point()]
                 self._gate = torch.stack(sums).isfinite().all() if sums else None
             for node in graph_nodes([t.grad_fn for t in roots if t.grad_fn is not None]):
                 hook = functools.partial(self._node_hook, node, pending)
