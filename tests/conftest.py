@@ -24,7 +24,7 @@ SKIPPED_PYTORCH3D: list[str] = []
 # second step); a test file named on the command line runs whole.
 DEFAULT_SELECTION = "not slow and not download"
 MARKED: dict[str, str] = {
-    "tests/test_warp.py": "download",  # Warp 1.5.1 and 1.19.0: 621 MB installed
+    "tests/test_warp.py": "download",  # Warp 1.5.1 and 1.19.0 (1.5 GB with the tape's two)
     "tests/test_warp_tape.py": "download",  # the same Warp releases
     "tests/test_warp_tape_copy.py": "download",  # Warp 1.16.0 and 1.17.0 as well
     "tests/test_grad_health_frameworks.py": "download",  # accelerate, Lightning, ...: 34 MB
