@@ -392,3 +392,30 @@ def test_steps_meant_to_have_no_gradient_stay_silent_in_strict(monkeypatch):
     bare, guarded, events = twin(program, {"mode": "strict"})
     assert_same(guarded, bare)
     assert events == []
+
+
+GONE = """
+import torch
+
+def fit():
+    layer = torch.nn.Linear(3, 1)
+    radius = torch.full((1, 60), 0.05, requires_grad=True)  # outside any module
+    optimizer = torch.optim.Adam([*layer.parameters(), radius], lr=0.01)
+    for step in range(4):
+        optimizer.zero_grad()
+        (layer(torch.ones(60, 3)).squeeze(1) * radius.detach()).sum().backward()
+        optimizer.step()
+
+fit()  # the optimizer is gone before exit
+print("done")
+"""
+
+
+@pytest.mark.parametrize(("mode", "status"), [("fix", 0), ("strict", 0)])
+def test_a_parameter_outside_any_module_of_an_optimizer_gone_is_named_at_exit(
+    guard_python, tmp_path, mode, status
+):
+    result = run_python(guard_python, GONE, tmp_path, check=False, AUTOGRAD_GUARD=mode)
+    assert "done" in result.stdout and result.returncode == status, result.stderr
+    assert "[grad_health/lost_gradient] 1 parameter(s) of a Adam gone before exit" in result.stderr
+    assert "<a parameter of shape (1, 60)>" in result.stderr

@@ -132,6 +132,15 @@ class Record:
         never = self.never_trained()
         self.lost_shapes = [tuple(p.shape) for p in never if ran is not None and id(p) in ran]
         self.unknown_shapes = [tuple(p.shape) for p in never] if ran is None else []
+        if ran is not None and never:  # outside any module: unknown, as sort() says
+            from autograd_guard.guards.grad_health.check import parameter_names
+
+            names = parameter_names(never)
+            self.unknown_shapes = [
+                tuple(p.shape)
+                for p, name in zip(never, names, strict=True)
+                if id(p) not in ran and name.startswith("<unnamed")
+            ]
         self.gone = True
         self.waiting = {}
         self.pending.clear()
