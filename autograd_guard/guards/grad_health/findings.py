@@ -88,22 +88,27 @@ class Findings:
 
     def _stalled(self, record: Record, site: str) -> None:
         """Said when the stall starts and again each time its length doubles."""
-        on_stall = self.config["on_stall"]
         skipped = "each was skipped" if self.mode == "fix" else "in " + self.mode
         event = (
             f"{record.in_a_row} optimizer steps in a row had non-finite gradients ({skipped}; "
             f"{record.skipped} of {record.step} steps of this optimizer skipped): training "
             "is not progressing"
         )
-        if on_stall == "raise":
-            self.refuse(event, action="training_stalled", callsite=site, remedy=STALL_REMEDY)
+        instead = ' (on_stall = "raise" stops the run instead)'
+        self._say_stall(event, site, record.in_a_row, STALL_REMEDY, instead)
+
+    def _say_stall(self, event: str, site: str, steps: int, remedy: str, note: str = "") -> None:
+        """A ``training_stalled`` error: raised where ``on_stall = "raise"``, else logged
+        (``note`` added to its remedy), whatever the mode."""
+        if self.config["on_stall"] == "raise":
+            self.refuse(event, action="training_stalled", callsite=site, remedy=remedy)
         self.emit(
             event,
             action="training_stalled",
             callsite=site,
             level="error",
-            remedy=STALL_REMEDY + ' (on_stall = "raise" stops the run instead)',
-            steps=record.in_a_row,
+            remedy=remedy + note,
+            steps=steps,
             always=True,
         )
 

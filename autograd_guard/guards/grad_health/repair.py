@@ -80,6 +80,7 @@ class RepairFlow:
     emit: Callable[..., bool]
     refuse: Callable[..., NoReturn]
     _nonfinite: Callable[..., object]
+    _say_stall: Callable[..., None]
 
     def _repairs(self) -> bool:
         return self.config["nonfinite_fix"] == "repair" and not self._repair_stopped
@@ -156,17 +157,7 @@ class RepairFlow:
         repairer.disarm()
         self._repair_stopped = True
         event = STALLED.format(steps=repairer.repaired, op=op)
-        if self.config["on_stall"] == "raise":
-            self.refuse(event, action="training_stalled", callsite=site, remedy=REPAIR_REMEDY)
-        self.emit(
-            event,
-            action="training_stalled",
-            callsite=site,
-            level="error",
-            remedy=REPAIR_REMEDY,
-            steps=repairer.repaired,
-            always=True,
-        )
+        self._say_stall(event, site, repairer.repaired, REPAIR_REMEDY)
 
     def _repair_exit(self) -> None:
         repairer = self._repairer
