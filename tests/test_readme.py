@@ -195,7 +195,9 @@ def test_the_documentation_link_says_how_to_build_the_docs():
     urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
     assert urls["Documentation"].endswith("#documentation") and "## Documentation\n" in README
     section = README.split("## Documentation\n", 1)[1]
-    assert "`python -m mkdocs serve`" in section and find_spec("mkdocs") is not None
+    assert "`python -m mkdocs serve`" in section
+    # the test extra brings MkDocs where mkdocs-material runs (Python >= 3.11)
+    assert find_spec("mkdocs") is not None or sys.version_info < (3, 11)
     assert "mkdocs-material" in section and "(autograd_guard/guards/)" in section
     linked = re.findall(r"\]\((docs/[\w./-]+?)(?:#[\w-]+)?\)", README)
     assert linked and all((ROOT / path).is_file() for path in linked)
