@@ -79,6 +79,49 @@ def test_the_check_keeps_working_after_a_compile_strips_the_step_hooks():
     torch._dynamo.reset()
 
 
+HOOKS_AFTER_A_COMPILE = """
+import sys, torch
+import torch.optim.optimizer as hooks
+if sys.argv[1] == "guarded":
+    import autograd_guard
+    autograd_guard.install({})
+torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))  # TorchPatcher.patch runs
+calls = []
+hooks.register_optimizer_step_post_hook(lambda *a: calls.append("global post"))
+w = torch.nn.Parameter(torch.ones(2))
+opt = torch.optim.RMSprop([w], lr=0.1)  # a class first made after the compile
+opt.register_step_pre_hook(lambda *a: calls.append("pre"))
+for _ in range(2):
+    w.sum().backward()
+    opt.step()
+print(calls, w.tolist())
+"""
+
+
+def test_a_class_first_made_after_a_compile_keeps_the_users_step_hooks():
+    """torch 2.1's first compile marks every torch.optim class hooked (its hooks stop);
+    newer torch strips nothing: a class first made after it is hooked by torch then, and
+    its step hooks run under the guard as they do bare."""
+    import subprocess
+    import sys
+
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", HOOKS_AFTER_A_COMPILE, how],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        ).stdout
+        for how in ("bare", "guarded")
+    ]
+    assert runs[0] == runs[1]
+    from packaging.version import Version
+
+    newer = Version(torch.__version__).release >= (2, 2)
+    assert ("'pre'" in runs[0]) == newer  # 2.1 stops them, bare too
+
+
 def test_under_torch_compile_the_check_runs_at_a_graph_break():
     net = torch.nn.Linear(3, 3)
     torch.nn.init.zeros_(net.weight)

@@ -33,11 +33,13 @@ _OURS = "_autograd_guard_step"  # marks a step wrapper of ours
 
 
 class EagerHooks:
-    """The guard's global step hooks, disabled for Dynamo as soon as it can be imported."""
+    """The guard's global step hooks, registered only where a class's step has no gate
+    (``gate``), disabled for Dynamo as soon as it can be imported."""
 
     def __init__(self) -> None:
         self.disable: Callable[[Any], Any] | None = None
         self._hooks: list[tuple[Any, Callable[..., Any]]] = []  # (handle, plain function)
+        self._pending: tuple[ModuleType, Callable[..., Any], Callable[..., Any]] | None = None
         self._wrapped: list[tuple[type, Any]] = []  # (optimizer class, its step before ours)
         self._patcher: tuple[Any, Any] | None = None  # (TorchPatcher, its own patch)
         self._run_step: RunStep | None = None
@@ -57,9 +59,18 @@ class EagerHooks:
             disabled = self._disabled[function] = self.disable(function)
         return functools.partial(disabled, method.__self__)
 
-    def register(
+    def prepare(
         self, module: ModuleType, pre: Callable[..., Any], post: Callable[..., Any]
     ) -> None:
+        """The hooks that ``register`` registers, where a step cannot be gated."""
+        self._pending = (module, pre, post)
+
+    def register(self) -> None:
+        """torch's global step hooks, once (the steps of a class that has no gate are
+        checked from them; gated classes never need them)."""
+        if self._hooks or self._pending is None:
+            return
+        module, pre, post = self._pending
         self._hooks = [
             (module.register_optimizer_step_pre_hook(self.eager(pre)), pre),
             (module.register_optimizer_step_post_hook(self.eager(post)), post),
@@ -79,6 +90,7 @@ class EagerHooks:
         for handle, _ in self._hooks:
             handle.remove()
         self._hooks = []
+        self._pending = None
         for kind, step in self._wrapped:
             if getattr(kind.__dict__.get("step"), _OURS, False):
                 setattr(kind, "step", step)  # noqa: B010
@@ -116,7 +128,8 @@ class EagerHooks:
             self._patcher = None
 
     def rehook(self) -> None:
-        """Wrap ``step`` of each torch.optim class whose step no longer calls the hooks."""
+        """Wrap ``step`` of each torch.optim class whose step no longer calls the hooks:
+        one that torch marked hooked (2.1's patch marks them all) with no hooked wrapper."""
         torch = sys.modules["torch"]
         run_step = self._run_step
         wrapper_code = hook_wrapper_code(torch)
@@ -130,6 +143,8 @@ class EagerHooks:
             step = kind.__dict__.get("step")
             if step is None or getattr(step, _OURS, False) or hook_wrapper(step, wrapper_code):
                 continue
+            if not getattr(step, "hooked", False):  # never made yet: torch hooks it then
+                continue  # (2.1's patch marks every class hooked; newer ones strip nothing)
             stepping = self.eager(returning_refusals(run_step))
             setattr(kind, "step", _step_wrapper(step, stepping))  # noqa: B010
             self._wrapped.append((kind, step))
