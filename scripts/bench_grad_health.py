@@ -64,6 +64,11 @@ def loop(
     )
 
 
+# Steps before the timed ones: Adam's state is made, and the guard's first zero_steps (20)
+# steps, each probed for zero gradients, are behind (--warm-up 5 times them too).
+WARM_UP = [25]
+
+
 def per_step(steps: int, context: str = "") -> float:
     if context.startswith("cuda"):
         batch, sizes = (1024, (16, 256)) if context == "cuda-small" else (8192, (1024, 4096))
@@ -79,8 +84,8 @@ def per_step(steps: int, context: str = "") -> float:
     if probe is not None:
         probe.arm()
     try:
-        for step in range(steps + 5):  # five warm-up steps (Adam's state is made)
-            if step == 5:
+        for step in range(steps + WARM_UP[0]):
+            if step == WARM_UP[0]:
                 _synchronize(context)
                 start = CLOCK[0]()
             if context == "closure":
@@ -238,7 +243,11 @@ def main() -> None:
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     parser.add_argument("--cuda-only", action="store_true", help="the CUDA rows alone")
     parser.add_argument("--short", action="store_true", help="the short CPU step's row alone")
+    parser.add_argument(
+        "--warm-up", type=int, default=WARM_UP[0], help="steps before the timed ones"
+    )
     args = parser.parse_args()
+    WARM_UP[0] = args.warm_up
     if args.clock == "cpu":
         CLOCK[0] = time.process_time
     if args.threads:
@@ -248,7 +257,8 @@ def main() -> None:
         rows = [side_by_side(f"{CASE}: step guarded vs bare", "", args.steps, args.blocks)]
     print_table(
         rows if rows is not None else measure(args.steps, args.blocks),
-        f"grad_health: medians of {args.blocks} blocks of {args.steps} steps, "
+        f"grad_health: medians of {args.blocks} blocks of {args.steps} steps after "
+        f"{args.warm_up}, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} time",
     )
 

@@ -146,18 +146,67 @@ def test_strict_raises_before_the_weights_change():
     assert torch.equal(w.detach(), torch.ones(3))
 
 
-def test_uninstall_removes_the_hooks():
+def test_uninstall_removes_every_patch():
     from torch.optim import optimizer as optim
 
-    before = (len(optim._global_optimizer_pre_hooks), len(optim._global_optimizer_post_hooks))
+    def hooks():
+        return len(optim._global_optimizer_pre_hooks), len(optim._global_optimizer_post_hooks)
+
+    patcher, before = optim.Optimizer.__dict__["_patch_step_function"], hooks()
+    torch.optim.Adam([torch.nn.Parameter(torch.ones(1))])  # a class hooked before install
     autograd_guard.install({})
-    assert len(optim._global_optimizer_pre_hooks) == before[0] + 1
+    # every class is gated (the one hooked before, at install; the others as they are
+    # made): no step pays for a step hook
+    assert hooks() == before
+    assert optim.Optimizer.__dict__["_patch_step_function"] is not patcher
+    with capture_events() as events:
+        torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+        w, _ = nan_loop(3)
+    assert torch.isfinite(w).all() and hooks() == before
+    assert events[0]["action"] == "nonfinite_gradient"
     autograd_guard.uninstall()
-    after = (len(optim._global_optimizer_pre_hooks), len(optim._global_optimizer_post_hooks))
-    assert after == before
+    assert optim.Optimizer.__dict__["_patch_step_function"] is patcher and hooks() == before
     with capture_events() as events:
         w, _ = nan_loop(3)
     assert not torch.isfinite(w).all() and events == []
+
+
+class Hidden(torch.optim.SGD):
+    """A class whose step is torch's hooked one behind a callable that hides it (no
+    ``__wrapped__``): it cannot be gated, only checked from torch's step hooks."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for param in group["params"]:
+                param -= group["lr"] * param.grad
+
+
+def test_a_class_that_cannot_be_gated_is_checked_from_the_step_hooks():
+    from torch.optim import optimizer as optim
+
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = Hidden([w], lr=0.1)  # torch wraps Hidden.step, before the guard is installed
+    hooked = Hidden.__dict__["step"]
+
+    def hidden(self, *args, **kwargs):
+        return hooked(self, *args, **kwargs)
+
+    hidden.hooked = True
+    before = len(optim._global_optimizer_pre_hooks)
+    try:
+        Hidden.step = hidden
+        autograd_guard.install({})
+        assert len(optim._global_optimizer_pre_hooks) == before + 1  # for this class alone
+        with capture_events() as events:
+            torch.sqrt((w * 0).pow(2).sum()).backward()
+            opt.step()
+        [event] = [e for e in events if e["action"] == "nonfinite_gradient"]
+        assert "Hidden.step is not torch's hooked step function" in event["event"]
+        autograd_guard.uninstall()
+        assert len(optim._global_optimizer_pre_hooks) == before
+    finally:
+        Hidden.step = hooked
 
 
 DDP = """

@@ -158,7 +158,12 @@ class GradHealth(StepFlow, RepairFlow, Findings, Guard):
     def _attach(self, module: ModuleType, target: Target | None) -> None:
         from autograd_guard._common import importer as _importer
 
-        self._hooks.register(module, self._before_step, self._after_step)
+        self._hooks.prepare(module, self._before_step, self._after_step)
+        try:
+            self._gates.watch(module.Optimizer, self._hooks.register)
+        except Exception as exc:  # fail open: every step is seen from the step hooks
+            self._hooks.register()
+            self.fail("hook", exc)
         _importer.when_imported("torch._dynamo", self._dynamo_imported)
         _events.at_exit(self._exit_check)
 

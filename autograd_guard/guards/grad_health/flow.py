@@ -71,7 +71,7 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
         except Exception as exc:  # fail open: the optimizer steps as it would unguarded
             self.fail("step check", exc)
             return
-        self._finish(optimizer)
+        self._left(optimizer)
         if verdict == CLOSURE:
             self._records.get(optimizer).closure = None  # checked only before the step
 
@@ -104,7 +104,15 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
             self._leave(record)
         return verdict
 
-    def _finish(self, optimizer: Any) -> None:
+    def _finish(self, optimizer: Any, leave: bool, after: bool) -> None:
+        """A gated step is over, before any post-hook: left (where its body ran, or
+        raised), and what comes after a step done (where it did not raise)."""
+        if leave:
+            self._left(optimizer)
+        if after and self.active:
+            self._step_done(optimizer)
+
+    def _left(self, optimizer: Any) -> None:
         record = self._records.find(optimizer)
         if record is not None:
             self._leave(record)
@@ -174,7 +182,7 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
             if self._lend_flag(optimizer, record, grads, slot):
                 return RUN
         local = grads if plain else [local_gradient(g) for g in grads]
-        flag = self._zero_probe(record, local) if sharing is None else None  # alone
+        flag = self._zero_probe(record, local, sampled=True) if sharing is None else None
         if self._finite.all_finite(local, slot, flag):
             record.in_a_row = 0
             if flag is not None:
@@ -198,6 +206,12 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
                 self._report_lost(optimizer, record, lost)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The post-hook, registered only where some class has no gate: the work after a
+        step of such a class (a gated one's was done by the gate)."""
+        if self.active and not self._gates.ensure(type(optimizer)):
+            self._step_done(optimizer)
+
+    def _step_done(self, optimizer: Any) -> None:
         record = self._records.find(optimizer)
         try:
             if record is not None and (record.flag is not None or record.pending):
@@ -230,10 +244,7 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
     ) -> Any:
         """torch 2.1 after a compile: ``step`` calls no hooks; the guard runs around it,
         gated as torch's own wrapper is."""
-        try:
-            return self._gates.gate(step)(optimizer, *args, **kwargs)
-        finally:
-            self._after_step(optimizer, (optimizer, *args), kwargs)
+        return self._gates.gate(step)(optimizer, *args, **kwargs)  # finished by the gate
 
     def _lend_flag(self, optimizer: Any, record: Record, grads: list[Any], slot: Slot) -> bool:
         """On a device where reading the flag means a host sync (CUDA): a fused optimizer
@@ -252,7 +263,7 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
             return False
         if lend:
             optimizer.found_inf = record.flag = flag
-        probe = self._zero_probe(record, grads) if not record.suspect else None
+        probe = self._zero_probe(record, grads, sampled=True) if not record.suspect else None
         record.pending.append((record.step, PendingFlag(flag, probe)))
         return True
 

@@ -15,6 +15,7 @@ is not (or no longer) that wrapper has no gate, and the guard says it could not 
 
 from __future__ import annotations
 
+import functools
 import sys
 
 from autograd_guard.errors import Refused, returning_refusals
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
     # decide(optimizer args, kwargs) -> RUN, SKIP or CLOSURE; closure_step(body, args, kwargs)
     Decide = Callable[[tuple[Any, ...], dict[str, Any]], object]
-    Finish = Callable[[Any], None]
+    Finish = Callable[[Any, bool, bool], None]  # (optimizer, leave, after)
     ClosureStep = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
 RUN, SKIP, CLOSURE = "run", "skip", "closure"
@@ -37,23 +38,29 @@ _GATE = "_autograd_guard_gate"  # marks a gate of ours
 def make_gate(body: Callable[..., Any], gates: Gates) -> Callable[..., Any]:
     """The body behind a verdict. Traceable by Dynamo: the verdict and the closure step
     are the guard's, disabled for Dynamo once it is imported, so a compiled step body
-    stays compiled. The step is finished before any post-hook runs (one may raise, or
-    step another optimizer)."""
+    stays compiled. The step is finished, and what comes after it done (flags read,
+    probes and repairs told), before any post-hook runs (one may raise, or step another
+    optimizer); a body that raised is only left."""
 
     def gate(*args: Any, **kwargs: Any) -> Any:
         verdict = gates.decide(args, kwargs)
-        if verdict == SKIP:
-            return None
+        result, ran = None, False
         if verdict == CLOSURE:
-            verdict = gates.closure_step(body, args, kwargs)
-            if not isinstance(verdict, Refused):
-                return verdict
+            verdict = result = gates.closure_step(body, args, kwargs)
+        elif verdict != SKIP and not isinstance(verdict, Refused):
+            try:
+                result = body(*args, **kwargs)
+            except BaseException:
+                gates.finish(args[0], True, False)
+                raise
+            ran = True
         if isinstance(verdict, Refused):  # strict: raised from here, the guard's one frame
             raise verdict.error  # autograd-guard strict: the message says why
-        try:
-            return body(*args, **kwargs)
-        finally:
-            gates.finish(args[0])
+        # the step is over (a skipped or closure step has left already): what comes after it
+        done = gates.finish(args[0], ran, True)
+        if isinstance(done, Refused):
+            raise done.error  # autograd-guard strict: the message says why
+        return result
 
     setattr(gate, _GATE, body)
     gate.__wrapped__ = body  # type: ignore[attr-defined]
@@ -65,11 +72,16 @@ class Gates:
     they call the guard's ``decide``, ``finish`` and ``closure_step``."""
 
     def __init__(self, decide: Decide, finish: Finish, closure_step: ClosureStep) -> None:
-        self._plain = (returning_refusals(decide), finish, returning_refusals(closure_step))
+        self._plain = (
+            returning_refusals(decide),
+            returning_refusals(finish),
+            returning_refusals(closure_step),
+        )
         self.decide, self.finish, self.closure_step = self._plain
         self._cells: list[tuple[Any, Any]] = []  # (cell, the body it held)
         self._seen: dict[type, tuple[Any, bool]] = {}  # class -> (its step, gated)
         self._code: Any = None
+        self._watched: tuple[type, Any, Any] | None = None  # (Optimizer, torch's patcher, ours)
 
     def ensure(self, kind: type) -> bool:
         """Gate every torch step wrapper on ``kind``'s MRO (a subclass's ``step`` calling
@@ -91,6 +103,38 @@ class Gates:
                 gated = gated or index == _first_step(kind)
         self._seen[kind] = (step, gated)
         return gated
+
+    def watch(self, base: type, ungated: Callable[[], None]) -> None:
+        """Gate each class when its first optimizer is made (torch wraps its ``step``
+        then, in ``Optimizer._patch_step_function``), and each class made already:
+        a step then pays for no step hook. ``ungated`` is called where a class that
+        torch hooked has no gate (its steps are checked from the step hooks)."""
+        original = base.__dict__.get("_patch_step_function")
+        if not callable(original):
+            ungated()
+            return
+        gates = self
+
+        @functools.wraps(original)
+        def _patch_step_function(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(optimizer, *args, **kwargs)
+            if gates._watched is not None:  # not removed since
+                gates.constructed(type(optimizer), ungated)
+            return result
+
+        base._patch_step_function = _patch_step_function  # type: ignore[attr-defined]
+        self._watched = (base, original, _patch_step_function)
+        for kind in _subclasses(base):
+            if getattr(kind.__dict__.get("step"), "hooked", False):
+                self.constructed(kind, ungated)
+
+    def constructed(self, kind: type, ungated: Callable[[], None]) -> None:
+        try:
+            gated = self.ensure(kind)
+        except Exception:  # fail open: the step hooks check it
+            gated = False
+        if not gated:
+            ungated()
 
     def eager(self, disable: Callable[[Any], Any]) -> None:
         """Dynamo is imported: the guard's functions run eagerly from now on."""
@@ -119,6 +163,11 @@ class Gates:
         return tuple(code for code in (self._wrapper_code(), _GATE_CODE) if code is not None)
 
     def remove(self) -> None:
+        if self._watched is not None:
+            base, original, ours = self._watched
+            if base.__dict__.get("_patch_step_function") is ours:  # not patched over since
+                base._patch_step_function = original  # type: ignore[attr-defined]
+            self._watched = None
         for cell, body in reversed(self._cells):
             if getattr(cell.cell_contents, _GATE, None) is body:
                 cell.cell_contents = body
@@ -158,6 +207,18 @@ def drop_gradients(optimizer: Any) -> str:
         "; its gradients were dropped (.grad = None, as optimizer.zero_grad() does): it had "
         "never stepped"
     )
+
+
+def _subclasses(base: type) -> list[type]:
+    """Every subclass of ``base`` defined so far, at any depth."""
+    found: list[type] = []
+    todo: list[type] = list(base.__subclasses__())
+    while todo:
+        kind = todo.pop()
+        if kind not in found:
+            found.append(kind)
+            todo += kind.__subclasses__()
+    return found
 
 
 def _first_step(kind: type) -> int:

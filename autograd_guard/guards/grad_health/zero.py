@@ -12,14 +12,20 @@ have all died. Any library, any torch version. Also, rightly, at an exact statio
 Remedy: said once per streak (``zero_steps`` steps in a row, a warning in every mode:
 the step is not touched), with what to check.
 
-Cost: one ``count_nonzero`` of one gradient per step (the smallest with an element, or
-the smallest last seen holding a value other than zero; a sparse one's stored values),
-read with the non-finite flag on CUDA (one sync for both); only a step whose probed
-gradient is all zero reads every gradient (one sync per device), and remembers which one
-was not. Gradients without elements are never probed and never make a zero step. Where
-the flag is left on the device (a fused optimizer lent it, observe on CUDA) the probe
-travels with it and is read when it is ready; one that reads zero makes the next steps
-read every gradient (a sync each) until one is not zero.
+Cost: one ``count_nonzero`` of one gradient (the smallest with an element, or the
+smallest last seen holding a value other than zero; a sparse one's stored values), read
+with the non-finite flag on CUDA (one sync for both); only a step whose probed gradient
+is all zero reads every gradient (one sync per device), and remembers which one was not.
+One process probes each of an optimizer's first ``zero_steps`` steps (a run that learns
+nothing from its start is named at that step), then one step in ``ZERO_EVERY`` until a
+probe reads zero, and from then every step while the streak lasts: a streak is counted
+only over steps that were each read, so one that begins later is named at most
+``ZERO_EVERY - 1`` steps after it would be with a probe per step (a kernel and a read
+per step are ~1-2% of a short CPU step). The ranks of a shared model probe every step
+(their exchange carries the word). Gradients without elements are never probed and
+never make a zero step. Where the flag is left on the device (a fused optimizer lent it,
+observe on CUDA) the probe travels with it and is read when it is ready; one that reads
+zero makes the next steps read every gradient (a sync each) until one is not zero.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ if TYPE_CHECKING:
 
     from autograd_guard.guards.grad_health.dist import Sharing
     from autograd_guard.guards.grad_health.record import Record
+
+# Between streaks, one process probes one step in this many (after the first zero_steps)
+ZERO_EVERY = 8
 
 # Named only where PyTorch3D's renderer is imported: elsewhere it is no lead.
 _HARD_SILHOUETTE = (
@@ -132,10 +141,19 @@ class ZeroFlow:
     config: dict[str, Any]
     _zero_streak: Callable[..., None]
 
-    def _zero_probe(self, record: Record, grads: list[Any]) -> Probe | None:
-        """A probe for the streak; None when it is off or this step was counted (a
-        closure's later evaluation)."""
-        if not self.config["zero_steps"] or record.zero_step == record.step:
+    def _zero_probe(self, record: Record, grads: list[Any], sampled: bool = False) -> Probe | None:
+        """A probe for the streak; None when it is off, this step was counted (a
+        closure's later evaluation), or, ``sampled``, between streaks, on a step that is
+        not one in ``ZERO_EVERY`` (a step not probed is not counted)."""
+        steps = self.config["zero_steps"]
+        if not steps or record.zero_step == record.step:
+            return None
+        if (
+            sampled
+            and not record.zero_in_a_row
+            and record.step > steps
+            and record.step % ZERO_EVERY
+        ):
             return None
         return probe(record, grads)
 
