@@ -154,11 +154,14 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
     ) -> object:
         """The verdict on the gradients the step is about to use (or its closure made)."""
         params = params_of(optimizer)
-        self._lost_check(optimizer, record, params)
+        if record.waiting or record.watch is not None or len(params) != record.known:
+            self._lost_check(optimizer, record, params)  # else nothing to do (every step)
         if not self.config["nonfinite"] or _scaler_decides(optimizer, kwargs, record):
             self._no_gradient(optimizer, record, params)
             return RUN
-        sharing = self._sharing(optimizer, record, params)
+        sharing = record.sharing  # found once per set of parameters
+        if record.shared_known != len(params):
+            sharing = self._sharing(optimizer, record, params)
         consumed = sharing.shard if sharing is not None else params
         grads = [g for g in [p.grad for p in consumed] if g is not None]  # one read of each
         if grads:
@@ -171,7 +174,7 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
             )
         if not grads:
             return RUN
-        mended = self._mended_verdict(optimizer, record, gated)
+        mended = self._mended_verdict(optimizer, record, gated) if self._probe is not None else None
         if mended is not None:
             return mended
         first = grads[0]
