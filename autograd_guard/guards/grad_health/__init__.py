@@ -159,12 +159,12 @@ class GradHealth(StepFlow, RepairFlow, Findings, Guard):
         from autograd_guard._common import importer as _importer
 
         self._hooks.prepare(module, self._before_step, self._after_step)
+        _importer.when_imported("torch._dynamo", self._dynamo_imported)  # 2.1: rehooked first
         try:
             self._gates.watch(module.Optimizer, self._hooks.register)
         except Exception as exc:  # fail open: every step is seen from the step hooks
             self._hooks.register()
             self.fail("hook", exc)
-        _importer.when_imported("torch._dynamo", self._dynamo_imported)
         _events.at_exit(self._exit_check)
 
     def _dynamo_imported(self, dynamo: ModuleType) -> None:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     RunStep = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 
-_OURS = "_autograd_guard_step"  # marks a step wrapper of ours
+STAND_IN = "_autograd_guard_step"  # marks a step wrapper of ours (torch 2.1 after a compile)
 
 
 class EagerHooks:
@@ -92,7 +92,7 @@ class EagerHooks:
         self._hooks = []
         self._pending = None
         for kind, step in self._wrapped:
-            if getattr(kind.__dict__.get("step"), _OURS, False):
+            if getattr(kind.__dict__.get("step"), STAND_IN, False):
                 setattr(kind, "step", step)  # noqa: B010
         self._wrapped = []
         self._unwatch_patcher()
@@ -141,7 +141,7 @@ class EagerHooks:
             if kind is torch.optim.Optimizer:
                 continue  # its step is abstract: never hooked
             step = kind.__dict__.get("step")
-            if step is None or getattr(step, _OURS, False) or hook_wrapper(step, wrapper_code):
+            if step is None or getattr(step, STAND_IN, False) or hook_wrapper(step, wrapper_code):
                 continue
             if not getattr(step, "hooked", False):  # never made yet: torch hooks it then
                 continue  # (2.1's patch marks every class hooked; newer ones strip nothing)
@@ -159,7 +159,7 @@ def _step_wrapper(step: Callable[..., Any], run_step: Callable[..., Any]) -> Cal
         return result
 
     wrapper.hooked = True  # type: ignore[attr-defined]  # torch must not wrap it again
-    setattr(wrapper, _OURS, True)
+    setattr(wrapper, STAND_IN, True)
     return wrapper
 
 

@@ -19,7 +19,7 @@ import functools
 import sys
 
 from autograd_guard.errors import Refused, returning_refusals
-from autograd_guard.guards.grad_health.compile import hook_wrapper, hook_wrapper_code
+from autograd_guard.guards.grad_health.compile import STAND_IN, hook_wrapper, hook_wrapper_code
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -129,6 +129,8 @@ class Gates:
                 self.constructed(kind, ungated)
 
     def constructed(self, kind: type, ungated: Callable[[], None]) -> None:
+        if getattr(getattr(kind, "step", None), STAND_IN, False):
+            return  # the guard's own step (torch 2.1 after a compile): it runs the gate
         try:
             gated = self.ensure(kind)
         except Exception:  # fail open: the step hooks check it
