@@ -43,6 +43,7 @@ FSDP1, FSDP2 = "fsdp1_shard_nan", "fsdp2_nan"
 PIPE_FIRST, PIPE_LAST = "pipeline_nan_first_stage", "pipeline_nan_last_stage"
 TP, MESH = "tp_nan_one_slice", "mesh_2x2_nan_one_rank"
 CATCHES, RAISES, DCP = "ddp_rank_catches_its_error", "ddp_rank_raises", "dcp_resume_after_skip"
+SINGULAR = "ddp_singular_point"
 RANKS = {MESH: 4}  # processes per job; 2 for the others
 # the ranks whose gradient gets the NaN (SPREAD, ZERO_OWN: DDP's all-reduce and ZeRO's
 # broadcast spread it to every rank)
@@ -445,6 +446,48 @@ def test_a_checkpoint_right_after_a_skipped_first_step_resumes(job):
     assert skipped(handfix) == [["skipped step 0"]] * 2
     assert_ranks_equal(fixed, handfix, "fix and handfix", key="history")
     assert len(fixed.nonfinite()) == 1
+
+
+def test_ranks_that_decide_together_never_repair(job):
+    """An op at its singular point makes the NaN at every step on every rank: one process
+    repairs it from its fourth step (below); ranks that decide together skip every step,
+    as the hand-written skip does, bit for bit, and never say they repaired."""
+    fixed, handfix = job(SINGULAR, "fix"), job(SINGULAR, "handfix")
+    steps = len(handfix.ranks[0]["history"])
+    assert skipped(handfix) == [[f"skipped step {s}" for s in range(steps)]] * 2
+    assert_ranks_equal(fixed, handfix, "fix and handfix", key="history")
+    assert fixed.action("nonfinite_repaired") == []
+    assert len(fixed.nonfinite()) == 1 and fixed.nonfinite()[0]["rank"] == 0
+    assert_no_guard_error(fixed)
+
+
+def test_one_process_repairs_the_same_singular_point():
+    """The distributed test above can fail: the same model, loss and steps in one process
+    are repaired (the weights move, finite), which the ranks must not do."""
+    import importlib.util
+
+    import autograd_guard
+    from autograd_guard.testing import capture_events
+
+    spec = importlib.util.spec_from_file_location("grad_health_worker", WORKER)
+    assert spec is not None and spec.loader is not None
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    autograd_guard.install({})
+    model = worker.make_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = worker.adam(model.parameters())
+    with capture_events() as events:
+        for step in range(worker.SINGULAR_STEPS):
+            opt.zero_grad()
+            worker.singular_loss(
+                model(worker.batch(step, 0)[0]), worker.batch(step, 0)[1]
+            ).backward()
+            opt.step()
+    autograd_guard.uninstall()
+    assert [e for e in events if e["action"] == "nonfinite_repaired"]
+    moved = [not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True)]
+    assert any(moved) and all(torch.isfinite(p).all() for p in model.parameters())
 
 
 def test_the_guards_channel_lets_a_destroyed_process_group_go():

@@ -49,6 +49,7 @@ class Job:
         self.forward_backward = extra.get("forward_backward")
         self.data_rank = extra.get("data_rank")  # whose data this rank trains on, if not its own
         self.fault = extra.get("fault")  # rank 1 raises before step() at NAN_STEP: caught or not
+        self.steps = extra.get("steps", STEPS)
 
 
 def make_model():
@@ -267,6 +268,28 @@ def ddp_rank_raises(rank):
     return Job(model, adam(model.parameters()), fault="raise")
 
 
+def singular_loss(out, y):
+    """A loss with an op at its singular point at every step: sqrt of an exact 0 (a finite
+    forward, a NaN backward), the case that grad_health repairs in one process."""
+    return F.mse_loss(out, y) + torch.sqrt((out * 0).pow(2).sum())
+
+
+def ddp_singular_point(rank):
+    """The NaN is made by an op at every step on every rank, from the first: ranks that
+    decide together never repair (a mended pass on one rank is a change the others do not
+    make); each step is skipped on every rank, as the hand-written skip does."""
+    model = ddp(make_model())
+
+    def forward_backward(x, y):
+        singular_loss(model(x), y).backward()
+
+    opt = adam(model.parameters())
+    return Job(model, opt, forward_backward=forward_backward, steps=SINGULAR_STEPS)
+
+
+SINGULAR_STEPS = 10  # one process repairs from its 4th step (tests: the single-process twin)
+
+
 SCENARIOS = {
     f.__name__: f
     for f in (
@@ -283,6 +306,7 @@ SCENARIOS = {
         mesh_2x2_nan_one_rank,
         ddp_rank_catches_its_error,
         ddp_rank_raises,
+        ddp_singular_point,
     )
 }
 
@@ -360,7 +384,7 @@ def train(job, rank, variant):
     refused = guard_error()
     inject = variant != "clean"
     history, happened = [], []
-    for step in range(STEPS):
+    for step in range(job.steps):
         nan_step = inject and step == NAN_STEP
         x, y = batch(step, rank if job.data_rank is None else job.data_rank)
         if nan_step and job.poison_input and rank == 1:
