@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from autograd_guard.errors import GuardError
+from autograd_guard.errors import GuardError, Refused
 from autograd_guard.guards.grad_health import usage, zero
 from autograd_guard.guards.grad_health.check import PendingFlag
 from autograd_guard.guards.grad_health.closure import ClosureFlow
@@ -56,6 +56,7 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
     _probe_finished: Callable[..., None]
     _mended_verdict: Callable[..., object | None]
     _repair_over: Callable[[Any], None]
+    _repairer: Any
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The first global pre-hook: gate the optimizer's class (once per class); a class
@@ -71,12 +72,15 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
         except Exception as exc:  # fail open: the optimizer steps as it would unguarded
             self.fail("step check", exc)
             return
+        if isinstance(verdict, Refused):  # strict: the step does not run
+            raise verdict.error  # autograd-guard strict: the message says why
         self._left(optimizer)
         if verdict == CLOSURE:
             self._records.get(optimizer).closure = None  # checked only before the step
 
     def _decide(self, args: Any, kwargs: Any, gated: bool = True) -> object:
-        """RUN, SKIP or CLOSURE for the step about to run (raises in strict)."""
+        """RUN, SKIP or CLOSURE for the step about to run; in strict, a ``Refused`` that
+        its caller raises (from one frame of the guard's)."""
         optimizer = args[0]
         if not self.active:
             return RUN
@@ -91,11 +95,15 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
             if record.flag is not None:
                 self._step_over(optimizer, record)  # the last step raised before its post-hooks
             verdict = self._step_starts(optimizer, record, args, kwargs, gated)
+        except GuardError as strict:
+            self._leave(record)
+            return Refused(strict)
         except Exception as exc:
-            if isinstance(exc, GuardError):
+            try:
+                self.fail("step check", exc)  # fail open: the step runs
+            except GuardError as strict:  # strict: the guard's own failure stops the step
                 self._leave(record)
-                raise
-            self.fail("step check", exc)  # fail open: the step runs
+                return Refused(strict)
             return RUN
         except BaseException:  # Ctrl-C in the check: the step does not run
             self._leave(record)
@@ -104,13 +112,26 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
             self._leave(record)
         return verdict
 
-    def _finish(self, optimizer: Any, leave: bool, after: bool) -> None:
+    def _finish(self, optimizer: Any, leave: bool, after: bool) -> object:
         """A gated step is over, before any post-hook: left (where its body ran, or
         raised), and what comes after a step done (where it did not raise)."""
-        if leave:
-            self._left(optimizer)
-        if after and self.active:
-            self._step_done(optimizer)
+        record = self._records.find(optimizer)
+        if leave and record is not None:
+            self._leave(record)
+        if (
+            after
+            and self.active
+            and (
+                self._probe is not None
+                or self._repairer is not None
+                or (record is not None and (record.flag is not None or record.pending))
+            )
+        ):  # else nothing comes after it (a healthy step)
+            try:
+                self._step_done(optimizer, record)
+            except GuardError as strict:  # strict: raised by the gate
+                return Refused(strict)
+        return None
 
     def _left(self, optimizer: Any) -> None:
         record = self._records.find(optimizer)
@@ -163,7 +184,7 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
         if record.shared_known != len(params):
             sharing = self._sharing(optimizer, record, params)
         consumed = sharing.shard if sharing is not None else params
-        grads = [g for g in [p.grad for p in consumed] if g is not None]  # one read of each
+        grads = [g for p in consumed if (g := p.grad) is not None]  # one read of each
         if grads:
             record.empty = 0
         else:
@@ -212,10 +233,9 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
         """The post-hook, registered only where some class has no gate: the work after a
         step of such a class (a gated one's was done by the gate)."""
         if self.active and not self._gates.ensure(type(optimizer)):
-            self._step_done(optimizer)
+            self._step_done(optimizer, self._records.find(optimizer))
 
-    def _step_done(self, optimizer: Any) -> None:
-        record = self._records.find(optimizer)
+    def _step_done(self, optimizer: Any, record: Record | None) -> None:
         try:
             if record is not None and (record.flag is not None or record.pending):
                 self._step_over(optimizer, record)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     # decide(optimizer args, kwargs) -> RUN, SKIP or CLOSURE; closure_step(body, args, kwargs)
     Decide = Callable[[tuple[Any, ...], dict[str, Any]], object]
-    Finish = Callable[[Any, bool, bool], None]  # (optimizer, leave, after)
+    Finish = Callable[[Any, bool, bool], object]  # (optimizer, leave, after): None or Refused
     ClosureStep = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
 RUN, SKIP, CLOSURE = "run", "skip", "closure"
@@ -72,11 +72,8 @@ class Gates:
     they call the guard's ``decide``, ``finish`` and ``closure_step``."""
 
     def __init__(self, decide: Decide, finish: Finish, closure_step: ClosureStep) -> None:
-        self._plain = (
-            returning_refusals(decide),
-            returning_refusals(finish),
-            returning_refusals(closure_step),
-        )
+        # decide and finish return a Refused themselves (no frame more per step)
+        self._plain = (decide, finish, returning_refusals(closure_step))
         self.decide, self.finish, self.closure_step = self._plain
         self._cells: list[tuple[Any, Any]] = []  # (cell, the body it held)
         self._seen: dict[type, tuple[Any, bool]] = {}  # class -> (its step, gated)
