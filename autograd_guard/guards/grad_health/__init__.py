@@ -7,7 +7,7 @@ NaN backward) reaches the optimizer and poisons the weights steps before anyone 
 ``torch.autograd.detect_anomaly`` finds the op but costs 2.4-2.8x per step and raises;
 Lightning's and ignite's NaN terminators stop the run without saying where; AMP's
 ``GradScaler`` skips such steps silently.
-Affected: any torch version, any optimizer (torch's global optimizer step hooks). Where
+Affected: any torch version, any optimizer that torch wraps with its step hooks. Where
 the check itself must take care: torch 2.1 has no CPU kernel for AMP's non-finite check,
 and its first ``torch.compile`` strips the wrapper that calls the step hooks from
 ``torch.optim``'s classes; under the ``.pth`` the hooks are registered while ``import
