@@ -87,7 +87,12 @@ def test_a_zero_step_between_probes_breaks_no_streak_that_was_not_read():
 
 @pytest.mark.parametrize("scale", [1e-30, -1e-38])
 def test_tiny_gradients_are_not_zero(scale):
-    assert loop(40, scale=lambda step: scale) == []
+    events = loop(40, scale=lambda step: scale)
+    # -1e-38 is subnormal: where denormals-are-zero is on for this thread (a library built
+    # with -ffast-math turns it on as it loads, such as a torch.compile'd CPU kernel of an
+    # older torch, earlier in the same process), it reads as zero, to the optimizer too
+    zero_here = not bool((torch.tensor([scale]) != 0).all())
+    assert [e["action"] for e in events] == (["zero_gradient"] if zero_here else [])
 
 
 def test_one_parameter_with_a_gradient_is_enough():

@@ -21,6 +21,7 @@ and the user name of the parameter it poisoned.
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import sys
 
@@ -179,7 +180,10 @@ def pipeline(rank, nan_stage):
 
     full = make_model()
     submod = nn.Sequential(full[0], full[1]) if rank == 0 else nn.Sequential(full[2])
-    stage = PipelineStage(submod, rank, 2, torch.device("cpu"))
+    extra = {}
+    if "input_args" in inspect.signature(PipelineStage).parameters:  # torch 2.4: required
+        extra["input_args"] = (torch.empty(4, 4 if rank == 0 else 8),)  # one microbatch
+    stage = PipelineStage(submod, rank, 2, torch.device("cpu"), **extra)
     schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=F.mse_loss)
 
     def forward_backward(x, y):
