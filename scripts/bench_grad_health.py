@@ -64,8 +64,8 @@ def loop(
     )
 
 
-# Steps before the timed ones: Adam's state is made, and the guard's first zero_steps (20)
-# steps, each probed for zero gradients, are behind (--warm-up 5 times them too).
+# Steps before the timed ones: Adam's state is made, and the guard's first steps (the
+# lost-gradient window's bookkeeping, the forward watch) are behind (--warm-up 5 times them too).
 WARM_UP = [25]
 
 

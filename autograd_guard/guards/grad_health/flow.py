@@ -206,7 +206,7 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
             if self._lend_flag(optimizer, record, grads, slot):
                 return RUN
         local = grads if plain else [local_gradient(g) for g in grads]
-        flag = self._zero_probe(record, local, sampled=True) if sharing is None else None
+        flag = self._zero_probe(record, local) if sharing is None else None
         if self._finite.all_finite(local, slot, flag):
             record.in_a_row = 0
             if flag is not None:
@@ -286,7 +286,7 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
             return False
         if lend:
             optimizer.found_inf = record.flag = flag
-        probe = self._zero_probe(record, grads, sampled=True) if not record.suspect else None
+        probe = self._zero_probe(record, grads) if not record.suspect else None
         record.pending.append((record.step, PendingFlag(flag, probe)))
         return True
 

@@ -16,16 +16,12 @@ Cost: one ``count_nonzero`` of one gradient (the smallest with an element, or th
 smallest last seen holding a value other than zero; a sparse one's stored values), read
 with the non-finite flag on CUDA (one sync for both); only a step whose probed gradient
 is all zero reads every gradient (one sync per device), and remembers which one was not.
-One process probes each of an optimizer's first ``zero_steps`` steps (a run that learns
-nothing from its start is named at that step), then one step in ``ZERO_EVERY`` until a
-probe reads zero, and from then every step while the streak lasts: a streak is counted
-only over steps that were each read, so one that begins later is named at most
-``ZERO_EVERY - 1`` steps after it would be with a probe per step (a kernel and a read
-per step are ~1-2% of a short CPU step). The ranks of a shared model probe every step
-(their exchange carries the word). Gradients without elements are never probed and
-never make a zero step. Where the flag is left on the device (a fused optimizer lent it,
-observe on CUDA) the probe travels with it and is read when it is ready; one that reads
-zero makes the next steps read every gradient (a sync each) until one is not zero.
+Gradients without elements are never probed and never make a zero step. Where the flag is
+left on the device (a fused optimizer lent it, observe on CUDA) the probe travels with it
+and is read when it is ready; one that reads zero makes the next steps read every gradient
+(a sync each) until one is not zero. Every step is probed: a probe on one step in a few
+would name a streak that begins later only once it has run on past its first probe, and
+a streak of ``zero_steps`` to ``zero_steps`` plus the stride never.
 """
 
 from __future__ import annotations
@@ -44,9 +40,6 @@ if TYPE_CHECKING:
 
     from autograd_guard.guards.grad_health.dist import Sharing
     from autograd_guard.guards.grad_health.record import Record
-
-# Between streaks, one process probes one step in this many (after the first zero_steps)
-ZERO_EVERY = 8
 
 # Named only where PyTorch3D's renderer is imported: elsewhere it is no lead.
 _HARD_SILHOUETTE = (
@@ -141,19 +134,11 @@ class ZeroFlow:
     config: dict[str, Any]
     _zero_streak: Callable[..., None]
 
-    def _zero_probe(self, record: Record, grads: list[Any], sampled: bool = False) -> Probe | None:
-        """A probe for the streak; None when it is off, this step was counted (a
-        closure's later evaluation), or, ``sampled``, between streaks, on a step that is
-        not one in ``ZERO_EVERY`` (a step not probed is not counted)."""
-        steps = self.config["zero_steps"]
-        if not steps or record.zero_step == record.step:
-            return None
-        if (
-            sampled
-            and not record.zero_in_a_row
-            and record.step > steps
-            and record.step % ZERO_EVERY
-        ):
+    def _zero_probe(self, record: Record, grads: list[Any]) -> Probe | None:
+        """A probe for the streak; None when it is off or this step was counted (a
+        closure's later evaluation). Every step is probed: a streak of steps not each read
+        could not be said to be one."""
+        if not self.config["zero_steps"] or record.zero_step == record.step:
             return None
         return probe(record, grads)
 
