@@ -21,11 +21,8 @@ the copy of what it read, so that the gradient is that of the program as written
 every write had gone to a fresh buffer). The arrays' current contents are never touched.
 Reads are forgotten at ``backward()`` and ``tape.reset()``: buffers reused after
 ``backward()`` are Warp's own idiom and cost nothing (so a second ``backward()`` of the
-same recording, after such a write, is neither fixed nor named). Warp's tape keeps each
-launch's caller (its visualisation names it) as the user's frame, not the guard's wrapper:
-noted at each recorded launch, written into Warp's record when the recording ends (``with
-tape:``) and before ``backward()``, ``reset()`` and ``visualize()`` read it (a record read
-while the tape still records names the wrapper).
+same recording, after such a write, is neither fixed nor named). Warp's tape keeps each launch's
+caller (its visualisation names it) as the user's frame, not the guard's wrapper.
 
 Writes it sees: the ``outputs`` of ``wp.launch``, the destination of ``wp.copy`` (and
 so of ``wp.clone``), ``array.assign``, ``fill_`` and ``zero_``, and a host array whose
@@ -100,11 +97,6 @@ class WarpTape(Guard):
             for module in ("warp.tape", "warp._src.tape")
             for method in ("backward", "reset")
         ),
-        *(
-            Target(module, f"Tape.{method}", check="_visualize_check")
-            for module in ("warp.tape", "warp._src.tape")
-            for method in ("__exit__", "visualize")
-        ),
     )
 
     def __init__(self, *args: Any) -> None:
@@ -142,16 +134,16 @@ class WarpTape(Guard):
                 if "record_tape" in kwargs
                 else len(args) <= RECORD_TAPE or args[RECORD_TAPE]
             )
-            if record:
+            inputs = kwargs["inputs"] if "inputs" in kwargs else args[INPUTS : INPUTS + 1]
+            if record and inputs:
                 reads = self._live[-1] if self._live else None
                 if reads is None or reads.tape() is not tape:
                     reads = self._reads_of(tape)
-                inputs = kwargs["inputs"] if "inputs" in kwargs else args[INPUTS : INPUTS + 1]
+                inputs = inputs if "inputs" in kwargs else inputs[0]
                 site = _reads.caller(sys._getframe(1))
-                reads.callers.append((len(tape.launches), site))  # Warp's record, mended later
-                if inputs:
-                    inputs = inputs if "inputs" in kwargs else inputs[0]
-                    reads.note(len(tape.launches), inputs, self._array, site)
+                reads.note(len(tape.launches), inputs, self._array, site)
+            if record:
+                return True
         if self._live:
             outputs = kwargs["outputs"] if "outputs" in kwargs else args[OUTPUTS : OUTPUTS + 1]
             if outputs and "outputs" not in kwargs:
@@ -188,7 +180,14 @@ class WarpTape(Guard):
             for position, value in enumerate(outputs):
                 label = args[position].label if position < len(args) else str(position)
                 self._before_write(value, f"wp.launch of {kernel.key} (output {label!r})", call)
-        return call.proceed()
+        tape = self._context.runtime.tape
+        if tape is None:
+            return call.proceed()
+        count = len(tape.launches)
+        result = call.proceed()
+        if len(tape.launches) > count:  # Warp named this handler's frame as the caller
+            _reads.mend_caller(tape.launches[-1], sys._getframe(1))
+        return result
 
     def _adjoint(self, call: Call) -> Any:
         inputs = call.argument("inputs", INPUTS)
@@ -240,18 +239,7 @@ class WarpTape(Guard):
     # -- Tape.backward and Tape.reset ------------------------------------------------------
 
     def _tape_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        reads = self._tapes.get(instance)
-        if reads is not None:
-            _reads.mend_callers(instance.launches, reads)  # before Warp reads them
-        return reads is not None
-
-    def _visualize_check(
-        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> bool:
-        reads = self._tapes.get(instance)
-        if reads is not None:
-            _reads.mend_callers(instance.launches, reads)  # as the recording ends
-        return False
+        return instance in self._tapes
 
     def _backward(self, call: Call) -> Any:
         reads = self._tapes.pop(call.instance)

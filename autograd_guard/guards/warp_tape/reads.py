@@ -12,9 +12,9 @@ if TYPE_CHECKING:
     from types import CodeType, FrameType
     from typing import Any
 
-    # (launch index, input position, array, (code, line) of the caller, version)
+    # (launch index, input position, array, (code, instruction) of the caller, version)
     Read = tuple[int, int, Any, tuple[CodeType, int], int]
-    # (copy, the write, (code, line) of its caller, a .numpy() view)
+    # (copy, the write, (code, instruction) of its caller, a .numpy() view)
     Version = tuple[Any, str, tuple[CodeType, int], bool]
 
 OWN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
@@ -26,7 +26,7 @@ class TapeReads:
     their last write, by id: the next write copies them first) and ``versions`` (by id,
     the contents before each write)."""
 
-    __slots__ = ("callers", "fresh", "log", "release", "tape", "versions")
+    __slots__ = ("fresh", "log", "release", "tape", "versions")
 
     def __init__(self, tape: Any) -> None:
         self.tape = weakref.ref(tape)
@@ -34,7 +34,6 @@ class TapeReads:
         self.log: list[Read] = []
         self.fresh: dict[int, Any] = {}
         self.versions: dict[int, list[Version]] = {}
-        self.callers: list[tuple[int, tuple[CodeType, int]]] = []  # (launch index, its caller)
 
     def note(self, index: int, inputs: Any, array: Any, site: tuple[CodeType, int]) -> None:
         log, fresh, versions = self.log, self.fresh, self.versions
@@ -60,28 +59,33 @@ class TapeReads:
 
 def caller(frame: FrameType) -> tuple[CodeType, int]:
     """The first caller at or above ``frame`` outside this package (its wrappers and
-    proxies), and its line."""
+    proxies); a line is worked out from it only for a report."""
     while frame.f_code.co_filename.startswith(OWN) and frame.f_back is not None:
         frame = frame.f_back
-    return frame.f_code, frame.f_lineno
+    return frame.f_code, frame.f_lasti
 
 
-def mend_callers(launches: list[Any], reads: TapeReads) -> None:
+def mend_caller(entry: Any, frame: FrameType) -> None:
     """Warp records the frame that called its ``launch`` as a launch's caller (its tape
-    visualisation names it): that was a wrapper of this package. The user's frame, noted
-    when the launch was recorded, takes its place, as unguarded; mended before Warp reads
-    them (``backward()``, ``reset()``, ``visualize()``), not per launch."""
-    for index, (code, number) in reads.callers:
-        entry = launches[index] if index < len(launches) else None
-        metadata = entry[-1] if isinstance(entry, list) and entry else None
-        recorded = metadata.get("caller") if isinstance(metadata, dict) else None
-        if isinstance(recorded, dict) and str(recorded.get("file", "")).startswith(OWN):
-            recorded.update(file=code.co_filename, lineno=number, func=code.co_name)
-    reads.callers = []
+    visualisation names it): that was a wrapper of this package, at or below ``frame``.
+    The first frame above outside this package takes its place, as unguarded."""
+    metadata = entry[-1] if isinstance(entry, list) and entry else None
+    if not isinstance(metadata, dict):
+        return
+    recorded = metadata.get("caller")
+    if isinstance(recorded, dict) and str(recorded.get("file", "")).startswith(OWN):
+        while frame.f_code.co_filename.startswith(OWN) and frame.f_back is not None:
+            frame = frame.f_back
+        code, lineno = frame.f_code, frame.f_lineno
+        metadata["caller"] = {"file": code.co_filename, "lineno": lineno, "func": code.co_name}
 
 
 def line(site: tuple[CodeType, int]) -> str:
-    code, number = site
+    code, offset = site
+    number = code.co_firstlineno
+    for start, end, found in code.co_lines():
+        if start <= offset < end and found is not None:
+            number = found
     return f"{os.path.basename(code.co_filename)}:{number}"
 
 
