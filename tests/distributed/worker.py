@@ -181,7 +181,8 @@ def pipeline(rank, nan_stage):
     full = make_model()
     submod = nn.Sequential(full[0], full[1]) if rank == 0 else nn.Sequential(full[2])
     extra = {}
-    if "input_args" in inspect.signature(PipelineStage).parameters:  # torch 2.4: required
+    wanted = inspect.signature(PipelineStage).parameters.get("input_args")
+    if wanted is not None and wanted.default is inspect.Parameter.empty:  # torch 2.4
         extra["input_args"] = (torch.empty(4, 4 if rank == 0 else 8),)  # one microbatch
     stage = PipelineStage(submod, rank, 2, torch.device("cpu"), **extra)
     schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=F.mse_loss)
