@@ -74,7 +74,7 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
             return
         if isinstance(verdict, Refused):  # strict: the step does not run
             raise verdict.error  # autograd-guard strict: the message says why
-        self._left(optimizer)
+        self._finish(optimizer, True, False)
         if verdict == CLOSURE:
             self._records.get(optimizer).closure = None  # checked only before the step
 
@@ -132,11 +132,6 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
             except GuardError as strict:  # strict: raised by the gate
                 return Refused(strict)
         return None
-
-    def _left(self, optimizer: Any) -> None:
-        record = self._records.find(optimizer)
-        if record is not None:
-            self._leave(record)
 
     def _enter(self, record: Record) -> None:
         """A step of this optimizer is in progress on this thread (steps nest)."""
