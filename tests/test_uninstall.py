@@ -307,3 +307,22 @@ def test_uninstall_restores_every_class_of_a_hierarchy(make_module, patched):
     assert {kind: dict(vars(kind)) for kind in (inherited.Base, inherited.Sub)} == before
     assert (sub.meth(1), sub.made(1), sub.plain(1), sub.value) == (2, 2, 2, 2)
     assert later().meth(1) == 2
+
+
+def test_uninstall_restores_a_wrapper_that_a_package_imported_from_its_submodule(
+    make_module, tmp_path
+):
+    # The hook on pkgcopy.core runs before pkgcopy/__init__.py goes on to import its name:
+    # the package's name then holds the wrapper although the patcher never set it there
+    # (wp.launch, from warp.context, when the guard is installed before `import warp`).
+    make_module("pkgcopy.core", "def stage(x, w):\n    return (x * w).sum()\n")
+    (tmp_path / "modules" / "pkgcopy" / "__init__.py").write_text(
+        "from pkgcopy.core import stage\n"
+    )
+    autograd_guard.install({"rules": [{"target": "pkgcopy.core:stage", "action": "enable_grad"}]})
+    import pkgcopy
+
+    assert pkgcopy.stage is pkgcopy.core.stage and hasattr(pkgcopy.stage, "__wrapped__")
+    original = pkgcopy.core.stage.__wrapped__
+    autograd_guard.uninstall()
+    assert pkgcopy.core.stage is original and pkgcopy.stage is original

@@ -183,6 +183,10 @@ def undo_all() -> list[str]:
     """Restore every original object; returns the places that someone else re-patched."""
     skipped = []
     with STATE.patch_lock:
+        # what each wrapper replaced, to find the copies an import made of a wrapper
+        replaced = {id(r): o for _, _, o, r in STATE.applied if o is not INHERITED}
+        wrappers = [r for _, _, _, r in STATE.applied]
+        packages = {_package(owner) for owner, _, _, _ in STATE.applied}
         while STATE.applied:
             owner, attribute, original, replacement = STATE.applied.pop()
             own = _own_attributes(owner)
@@ -193,4 +197,33 @@ def undo_all() -> list[str]:
                 setattr(owner, attribute, original)
             else:
                 skipped.append(f"{getattr(owner, '__name__', owner)}.{attribute}")
+        _restore_copies(wrappers, replaced, packages)
     return skipped
+
+
+def _package(owner: object) -> str:
+    name = owner.__name__ if isinstance(owner, type(sys)) else getattr(owner, "__module__", "")
+    return str(name).partition(".")[0]
+
+
+def _restore_copies(
+    wrappers: list[object], replaced: dict[int, object], packages: set[str]
+) -> None:
+    """A module that imported a wrapper while its package was being imported (a hook ran
+    on ``warp.context`` before ``warp/__init__`` did ``from warp.context import launch``)
+    holds a copy the patcher never set: it gets the original back too. Only the modules
+    of the patched packages are looked at, and only their names that hold a wrapper."""
+    ours = {id(w) for w in wrappers}
+    for name, module in list(sys.modules.items()):
+        if not ours or name.partition(".")[0] not in packages:
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attribute, value in list(namespace.items()):
+            if id(value) in ours:
+                original = value
+                while id(original) in replaced:  # a wrapper of a wrapper: down to the library's
+                    original = replaced[id(original)]
+                if original is not value and id(original) not in ours:
+                    namespace[attribute] = original
