@@ -16,6 +16,7 @@ import pytest
 
 import autograd_guard
 from autograd_guard import guards
+from autograd_guard._common import STATE
 from autograd_guard._policy import policy as _policy
 from autograd_guard._runtime import contract as _guard_contract
 from autograd_guard.guard import Call, Guard, Option, Target
@@ -243,3 +244,69 @@ def test_the_handler_gets_the_call():
     assert autograd_guard.status()["guards"]["seeing"]["state"] == "patched"
     [call] = seen
     assert call.args == ([1],) and call.original.__name__ == "dumps"
+
+
+def _switched_guard(log: list[str], switch: str = "_on") -> type[Guard]:
+    """A guard whose targets' wrappers run only while its list ``_on`` is not empty."""
+
+    class Switched(Guard):
+        name = "switched"
+        targets = (
+            Target("kernels", "launch", check="_check", switch=switch),
+            Target("kernels", "Buffer.write", check="_check", switch=switch),
+        )
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            self._on: list[bool] = [True]
+            self._flag = True
+
+        def _check(self, instance, args, kwargs):
+            log.append(f"check {args[-1]}")
+            return False
+
+    return Switched
+
+
+KERNELS = """
+    calls = []
+    def launch(x):
+        calls.append(x)
+        return x * 2
+    class Buffer:
+        def write(self, x):
+            calls.append(x)
+            return x + 1
+"""
+
+
+def test_while_its_switch_is_empty_the_wrapper_does_not_run(make_module):
+    log: list[str] = []
+    guard_class = _switched_guard(log)
+    guards.register(guard_class)
+    make_module("kernels", KERNELS)
+    autograd_guard.install({})
+    import kernels
+
+    [guard] = [g for g in STATE.guards if isinstance(g, guard_class)]
+    guard._on.clear()
+    buffer = kernels.Buffer()
+    assert kernels.launch(3) == 6 and buffer.write(5) == 6
+    assert kernels.Buffer.write(buffer, 1) == 2 and kernels.Buffer.write(self=buffer, x=2) == 3
+    assert log == [] and kernels.calls == [3, 5, 1, 2]
+    guard._on.append(True)
+    assert kernels.launch(4) == 8 and buffer.write(6) == 7
+    assert log == ["check 4", "check 6"]
+
+
+def test_a_switch_that_is_not_a_list_is_named_at_install(make_module):
+    guards.register(_switched_guard([], switch="_flag"))
+    make_module("kernels", KERNELS)
+    with capture_events() as events:
+        autograd_guard.install({})
+        import kernels
+
+        assert kernels.launch(1) == 2
+    [error] = [e for e in events if e["action"] == "load_error"]
+    assert "target kernels:launch names switch='_flag', which must be a list" in error["event"]
+    assert error["event"].endswith("not bool")

@@ -323,3 +323,107 @@ def test_a_kept_tape_frees_what_earlier_steps_read(tmp_path, warp_cache, version
         guarded = run(version, {"mode": mode}, tmp_path, warp_cache, script=KEPT_TAPE)
         assert guarded["alive"] == [False] * 4, mode
         assert guarded["events"] >= 1, mode
+
+
+# Warp pauses a recording around its own launches by setting runtime.tape to None
+# (warp.fem's array_axpy): the first launch of a recording, paused so, must not switch the
+# guard off for the rest of it. Nor a tape started by hand (runtime.tape set) after a
+# tape that was entered: that one is documented as unseen, the entered one is watched.
+PAUSED = (
+    PREAMBLE
+    + KERNELS
+    + ARRAYS
+    + """
+import threading
+context = wp._src.context if hasattr(wp, "_src") else wp.context
+xv, a = arr([10.0, 20.0, 30.0]), arr([1.0, 1.0, 1.0])
+tape = wp.Tape()
+with capture_events() as events:
+    with tape:
+        paused, context.runtime.tape = context.runtime.tape, None
+        wp.launch(predict, 3, inputs=[w, x], outputs=[a])  # Warp's own, not recorded
+        context.runtime.tape = paused
+        wp.launch(predict, 3, inputs=[w, x], outputs=[y])
+        wp.launch(sq_loss, 3, inputs=[y, t], outputs=[loss])
+        switch = [bool(getattr(wp.launch, "_self_enabled", None))]  # the guard's (wrapt)
+    side = threading.Thread(target=lambda: wp.launch(predict, 3, inputs=[w, x], outputs=[a]))
+    side.start(); side.join()  # a launch on another thread, with no tape
+    wp.launch(predict, 3, inputs=[w, xv], outputs=[y])  # overwrites what sq_loss read
+    tape.backward(loss)
+    switch.append(bool(getattr(wp.launch, "_self_enabled", None)))
+print(json.dumps({"grad": w.grad.numpy().tolist(), "events": [e["action"] for e in events],
+                  "switch": switch}))
+"""
+)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_recording_paused_by_warp_and_a_launch_on_another_thread_stay_watched(
+    tmp_path, warp_cache, version
+):
+    unguarded = run(version, None, tmp_path, warp_cache, script=PAUSED)
+    assert unguarded["grad"] != REFERENCE and unguarded["events"] == []
+    fixed = run(version, {"mode": "fix"}, tmp_path, warp_cache, script=PAUSED)
+    # on while recording; off once backward() is done: launches then go straight to Warp
+    assert fixed == {"grad": REFERENCE, "events": ["overwritten"], "switch": [True, False]}
+
+
+# The guard installed while a tape records (a notebook cell, a late install()): the
+# launches recorded from then on are watched, as if the tape had been entered after it.
+LATE = (
+    PREAMBLE.replace("    autograd_guard.install(policy)", "    pass")
+    + KERNELS
+    + ARRAYS
+    + """
+xv = arr([10.0, 20.0, 30.0])
+tape = wp.Tape()
+with capture_events() as events:
+    with tape:
+        wp.launch(predict, 3, inputs=[w, x], outputs=[y])
+        if policy is not None:
+            autograd_guard.install(policy)
+        wp.launch(sq_loss, 3, inputs=[y, t], outputs=[loss])
+    wp.launch(predict, 3, inputs=[w, xv], outputs=[y])  # overwrites what sq_loss read
+    tape.backward(loss)
+print(json.dumps({"grad": w.grad.numpy().tolist(), "events": [e["action"] for e in events]}))
+"""
+)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_installed_while_a_tape_records_watches_the_rest_of_it(tmp_path, warp_cache, version):
+    unguarded = run(version, None, tmp_path, warp_cache, script=LATE)
+    assert unguarded["grad"] != REFERENCE and unguarded["events"] == []
+    fixed = run(version, {"mode": "fix"}, tmp_path, warp_cache, script=LATE)
+    assert fixed["grad"] == REFERENCE
+    assert [e for e in fixed["events"] if e != "late_patch"] == ["overwritten"]
+
+
+# wp.launch(..., record_cmd=True) runs nothing and records nothing: it returns a Launch to
+# run later. Its inputs are not reads of the tape: overwriting them is not a finding, and
+# a launch recorded after it keeps its own inputs.
+COMMAND = (
+    PREAMBLE
+    + KERNELS
+    + ARRAYS
+    + """
+xv, a = arr([10.0, 20.0, 30.0]), arr([0.0] * 3)
+tape = wp.Tape()
+with capture_events() as events:
+    with tape:
+        wp.launch(predict, 3, inputs=[w, x], outputs=[y])
+        command = wp.launch(predict, 3, inputs=[w, xv], outputs=[a], record_cmd=True)
+        wp.launch(sq_loss, 3, inputs=[y, t], outputs=[loss])
+    xv.fill_(0.0)  # read by the command only
+    tape.backward(loss)
+print(json.dumps({"grad": w.grad.numpy().tolist(), "events": [e["action"] for e in events]}))
+"""
+)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_launch_kept_as_a_command_is_not_a_read_of_the_tape(tmp_path, warp_cache, version):
+    unguarded = run(version, None, tmp_path, warp_cache, script=COMMAND)
+    assert unguarded == {"grad": REFERENCE, "events": []}
+    for mode in ("observe", "fix", "strict"):
+        assert run(version, {"mode": mode}, tmp_path, warp_cache, script=COMMAND) == unguarded

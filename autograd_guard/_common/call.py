@@ -22,6 +22,10 @@ class Target:
     library that changes another library's behaviour, such as IPEX and torch). A guard
     with several remedies names the methods of this target's own: ``check`` (in place of
     ``risky``), ``handle`` and ``traced`` (in place of ``_traced``).
+
+    For a hot path, ``switch`` names a list the guard holds (made in its ``__init__``):
+    while it is empty, the wrapper does not run at all and the call goes straight to the
+    library (wrapt's ``enabled``: a list's truth costs no Python call).
     """
 
     __slots__ = (
@@ -33,6 +37,7 @@ class Target:
         "qualname",
         "rule",
         "skip",
+        "switch",
         "traced",
     )
 
@@ -47,6 +52,7 @@ class Target:
         check: str | None = None,
         handle: str | None = None,
         traced: str | None = None,
+        switch: str | None = None,
     ) -> None:
         self.module = module
         self.qualname = qualname
@@ -55,6 +61,7 @@ class Target:
         self.skip = tuple(skip)  # more packages whose frames are not the call site
         self.rule = rule  # "policy.toml: rules[2]" for a target that a policy rule names
         self.check, self.handle, self.traced = check, handle, traced  # method names
+        self.switch = switch  # an attribute's name
 
     def __str__(self) -> str:
         return f"{self.module}:{self.qualname}"

@@ -113,6 +113,12 @@ def check_targets(guard: Guard, targets: list[Target]) -> None:
     for target in targets:
         if not isinstance(target, Target):
             raise TypeError(f"{where}: _targets_to_wrap() returned {target!r}, not a Target")
+        switch = getattr(guard, target.switch, None) if target.switch else []
+        if not isinstance(switch, list):
+            raise TypeError(
+                f"{where}: target {target} names switch={target.switch!r}, which must be a "
+                f"list the guard holds (made in __init__), not {type(switch).__name__}"
+            )
     _targets(type(guard), targets, where)
 
 

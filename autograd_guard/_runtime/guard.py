@@ -222,6 +222,11 @@ class Guard(Interventions):
     def handler_for(self, target: Target) -> Callable[[Call], Any]:
         return self._handler_for(target)
 
+    def switch_for(self, target: Target) -> list[Any] | None:
+        """The list whose truth says whether ``target``'s wrapper runs (None: always);
+        the contract checked at install that it is one."""
+        return getattr(self, target.switch) if target.switch else None
+
     def wrapper_for(self, target: Target) -> Callable[..., Any]:
         key = str(target)
         with self._lock:

@@ -177,10 +177,13 @@ class GuardedMethod(GuardedFunction):
                     return MethodType(inline, instance)
         return super().__getattribute__(name)
 
-    _method_parts: tuple[Any, Any] = (None, None)  # the original, the guard's wrapper
+    # the original, the guard's wrapper, its switch (see _common.call.Target)
+    _method_parts: tuple[Any, Any, Any] = (None, None, None)
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        original, wrapper = type(self)._method_parts  # no attribute lookup on the proxy
+        original, wrapper, switch = type(self)._method_parts  # no lookup on the proxy
+        if switch is not None and not switch:
+            return original(*args, **kwargs)  # as wrapt's __call__ does for a function
         if args:
             instance, args = args[0], args[1:]
         else:  # the instance by keyword (``Cls.method(self=obj, x=1)``), or none at all
@@ -218,11 +221,13 @@ def guarded_function(original: Any, wrapper: Any, method: bool = False) -> Guard
     if make_inline is not None:
         inline = make_inline(original)
     namespace: dict[str, Any] = {"_torchdynamo_inline": inline} if inline is not None else {}
+    # wrapt's `enabled`: while false, wrapt's own __call__ calls the original directly
+    switch = getattr(wrapper, "_autograd_guard_switch", None)
     if method:
-        namespace["_method_parts"] = (original, wrapper)
+        namespace["_method_parts"] = (original, wrapper, switch)
     base = GuardedMethod if method else GuardedFunction
     kind = type(base.__name__, (base,), namespace)
-    proxy: GuardedFunction = kind(original, wrapper)
+    proxy: GuardedFunction = kind(original, wrapper, switch)
     if inline is not None:
         _compiled.bind_proxy(inline, proxy)
     return proxy

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
         def before(self, call: Call) -> Callable[[], None] | None: ...
         def handler_for(self, target: Target) -> Callable[[Call], Any]: ...
+        def switch_for(self, target: Target) -> list[Any] | None: ...
 
 
 def describe_error(exc: BaseException) -> str:
@@ -176,6 +177,7 @@ def _mark(wrapper: Any, guard: Guard, target: Target) -> None:
     """What the patcher and the proxy read off a wrapper: its guard, and what to do when
     torch.compile or TorchScript meets it (see _runtime.proxies and _compile.compiled)."""
     wrapper._autograd_guard_owner = guard.name
+    wrapper._autograd_guard_switch = guard.switch_for(target)  # wrapt's `enabled` (None: on)
     wrapper._autograd_guard_inline = lambda original: _compiled.make_inline(guard, target, original)
     wrapper._autograd_guard_scripted = _compiled.scripted_report(guard, target)
 

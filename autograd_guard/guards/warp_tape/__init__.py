@@ -21,53 +21,59 @@ the copy of what it read, so that the gradient is that of the program as written
 every write had gone to a fresh buffer). The arrays' current contents are never touched.
 Reads are forgotten at ``backward()`` and ``tape.reset()``: buffers reused after
 ``backward()`` are Warp's own idiom and cost nothing (so a second ``backward()`` of the
-same recording, after such a write, is neither fixed nor named). Warp's tape keeps each launch's
-caller (its visualisation names it) as the user's frame, not the guard's wrapper.
+same recording, after such a write, is neither fixed nor named). Warp's record of each
+launch's caller (its visualisation, and these reports, name it) stays the user's frame.
 
-Writes it sees: the ``outputs`` of ``wp.launch``, the destination of ``wp.copy`` (and
-so of ``wp.clone``), ``array.assign``, ``fill_`` and ``zero_``, and a host array whose
-``.numpy()`` view was taken after the read (its contents are compared at ``backward()``;
-a view taken before the read is not). Writes it
-cannot see: a kernel writing through an array passed in ``inputs``, a raw pointer
-(``array.ptr``, ctypes), another Warp array over the same memory (arrays are known by
-identity: a write to the slice ``x[0:2]`` of an ``x`` that was read, or to ``x`` after its
-slice was read, goes unseen), another framework's view of it (``wp.to_torch``,
-``wp.from_torch``, DLPack), the adjoints of ``tape.record_func`` callbacks, and a CUDA
-graph replay (``wp.capture_launch``); inside a graph capture it neither copies nor reports.
+Writes it sees: the ``outputs`` of ``wp.launch``, the destination of ``wp.copy`` (and so
+of ``wp.clone``), ``array.assign``, ``fill_`` and ``zero_``, and a host array whose
+``.numpy()`` view was taken after the read (compared at ``backward()``). Writes it cannot
+see: a kernel writing through an array passed in ``inputs``, a raw pointer (``array.ptr``,
+ctypes), another Warp array over the same memory (arrays are known by identity: a write
+to the slice ``x[0:2]`` of an ``x`` that was read goes unseen, and the other way round),
+another framework's view of it (``wp.to_torch``, ``wp.from_torch``, DLPack), the adjoints
+of ``tape.record_func`` callbacks, a ``Launch`` object's replay (``record_cmd=True``) and a
+CUDA graph replay (``wp.capture_launch``); inside a graph capture it neither copies nor
+reports.
 
-Cost: ``wp.launch`` and the array methods stay wrapped while no tape records (~1 us per
-call). Hooking them only while a tape records or holds reads is not sound: the hook would
-be put in place at each ``Tape.__enter__`` by rebinding module attributes, and a reference
-bound while it was not there (``from warp import launch`` in a user's module, a helper's
-``launch = wp.launch``, a ``functools.partial`` of it, a bound method kept by an object)
-would keep calling Warp directly, so the writes that this guard exists for (a validation
-pass through such a helper) would go unseen; rebinding the modules' copies costs a scan of
-``sys.modules`` per tape, more than ten launches' wrappers.
+Cost: while no tape records and none keeps reads, the wrappers do not run at all
+(``.switch``: wrapt's ``enabled``), so Warp's calls cost what they cost unguarded. Not
+seen: a recording started without ``Tape.__enter__`` (``runtime.tape`` set by hand, a
+subclass whose ``__enter__`` skips ``super()``). Rebinding the functions at ``__enter__``
+instead would miss references bound before it (``from warp import launch``).
 """
 
 from __future__ import annotations
 
 import sys
-import weakref
 
 from autograd_guard.guard import Call, Guard, Target, argument
 from autograd_guard.guards.warp_tape import reads as _reads
+from autograd_guard.guards.warp_tape import switch as _switch
 
 # Where wp.launch, wp.copy and `runtime` (whose `tape` records) live: warp.context up to
 # 1.9, warp._src.context since (warp.context is then a shim that holds no runtime).
 CONTEXTS = ("warp.context", "warp._src.context")
+TAPES = ("warp.tape", "warp._src.tape")
+ARRAY_WRITES, ENDS = ("assign", "fill_", "zero_", "numpy"), ("backward", "reset")
+SCOPE = ("__enter__", "__exit__")
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-# Positions in wp.launch(kernel, dim, inputs, outputs, adj_inputs, adj_outputs, device,
-# stream, adjoint, record_tape, ...) and wp.copy(dest, src, ...), the same from 1.0 to 1.19.
-INPUTS, OUTPUTS, ADJOINT, RECORD_TAPE = 2, 3, 8, 9
+# Positions in wp.launch(kernel, dim, inputs, outputs, adj_inputs, adj_outputs, device, stream,
+# adjoint, record_tape, record_cmd, ...) and wp.copy(dest, src, ...), the same in 1.0 to 1.19.
+INPUTS, OUTPUTS, ADJOINT, RECORD_TAPE, RECORD_CMD = 2, 3, 8, 9, 10
 REMEDY = (
     "leave the arrays that a recorded launch reads unchanged until tape.backward() "
     "(write into a fresh array), or call tape.backward() before the write"
 )
+
+
+def _watch(module: str, name: str, check: str, handle: str | None = None) -> Target:
+    """A target whose wrapper runs only while the guard is switched on (``_wanted``)."""
+    alias = (f"warp:{name}",) if module in CONTEXTS else ()
+    return Target(module, name, alias, check=check, handle=handle, switch="_wanted")
 
 
 class WarpTape(Guard):
@@ -78,41 +84,50 @@ class WarpTape(Guard):
     upstream = "https://github.com/NVIDIA/warp/issues/1350"
     remedy = REMEDY
     targets = (
-        *(
-            Target(module, "launch", aliases=("warp:launch",), check="_launch_check")
-            for module in CONTEXTS
-        ),
-        *(
-            Target(module, "copy", aliases=("warp:copy",), check="_write_check", handle="_write")
-            for module in CONTEXTS
-        ),
+        *(_watch(m, "launch", "_launch_check") for m in CONTEXTS),
+        *(_watch(m, "copy", "_write_check", "_write") for m in CONTEXTS),
         # wp.array's methods, through the package: the class lives in warp.types up to
         # 1.9 and in warp._src.types since, and the shim warp.types no longer exports it
-        *(
-            Target("warp", f"array.{method}", check="_write_check", handle="_write")
-            for method in ("assign", "fill_", "zero_", "numpy")
-        ),
-        *(
-            Target(module, f"Tape.{method}", check="_tape_check", handle=f"_{method}")
-            for module in ("warp.tape", "warp._src.tape")
-            for method in ("backward", "reset")
-        ),
+        *(_watch("warp", f"array.{name}", "_write_check", "_write") for name in ARRAY_WRITES),
+        *(_watch(m, f"Tape.{name}", "_tape_check", f"_{name}") for m in TAPES for name in ENDS),
+        # a recording starts and ends: the targets above are switched on and off
+        *(Target(m, f"Tape.{name}", handle=f"_{name[2:-2]}") for m in TAPES for name in SCOPE),
     )
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._context: Any = None  # holds `runtime` (set by wp.init()), whose `tape` records
         self._array: Any = None  # wp.array
-        self._tapes: Any = weakref.WeakKeyDictionary()  # tape -> TapeReads
+        self._tapes: dict[int, _reads.TapeReads] = {}  # by id(tape), while it lives
         self._live: list[_reads.TapeReads] = []  # of the tapes not yet backward()
         self._replay: dict[int, list[dict[int, Any]]] | None = None  # fix, in backward()
         self._busy = False  # the guard's own copies
+        self._switch = _switch.Switch()
+        self._wanted = self._switch.on  # the targets' switch: their wrappers run while true
 
     def _attach(self, module: ModuleType, target: Target | None) -> None:
         if module.__name__ in CONTEXTS and (self._context is None or "_src" in module.__name__):
             self._context = module
         if module.__name__ == "warp":
             self._array = module.array
+        if getattr(getattr(self._context, "runtime", None), "tape", None) is not None:
+            self._switch.recording_already()
+
+    # -- a recording's scope: the switch (see .switch) ------------------------------------
+
+    def _enter(self, call: Call) -> Any:
+        result = call.proceed()  # Warp refuses a second tape: nothing is counted then
+        self._switch.entered()
+        return result
+
+    def _exit(self, call: Call) -> Any:
+        result = call.proceed()
+        self._switch.exited()
+        self._settle()
+        return result
+
+    def _settle(self) -> None:
+        self._switch.settle(not self._live and self._replay is None)
 
     # -- wp.launch: reads, writes, and the adjoints in a backward() being fixed ----------
 
@@ -126,6 +141,8 @@ class WarpTape(Guard):
         )
         if self._replay is not None:
             return bool(adjoint)
+        if kwargs.get("record_cmd") or (len(args) > RECORD_CMD and args[RECORD_CMD]):
+            return False  # a Launch object, run later by Warp alone: nothing runs now
         runtime = self._context.runtime
         tape = runtime.tape if runtime is not None else None
         if tape is not None and not adjoint:
@@ -148,33 +165,26 @@ class WarpTape(Guard):
             outputs = kwargs["outputs"] if "outputs" in kwargs else args[OUTPUTS : OUTPUTS + 1]
             if outputs and "outputs" not in kwargs:
                 outputs = outputs[0]
-            return bool(outputs) and self._changes_any(outputs)
+            return bool(outputs) and _reads.changes_any(self._live, outputs)
         return False
 
     def _reads_of(self, tape: Any) -> _reads.TapeReads:
-        reads: _reads.TapeReads | None = self._tapes.get(tape)
-        if reads is None:  # a tape dropped without backward() drops its reads
-            reads = self._tapes[tape] = _reads.TapeReads(tape)
-            reads.release = weakref.finalize(tape, self._drop, reads)
+        key = id(tape)
+        reads = self._tapes.get(key)
+        if reads is None or reads.tape() is not tape:
+            # a tape dropped without backward() drops its reads: the callback holds the
+            # key, not the reads (which hold the reference: no cycle keeps their copies)
+            reads = self._tapes[key] = _reads.TapeReads(tape, lambda _: self._gone(key))
         if reads in self._live:
             self._live.remove(reads)
         self._live.append(reads)  # the recording one last
         return reads
 
-    def _changes_any(self, arrays: Any) -> bool:
-        live = self._live
-        for array in arrays:  # loops, not any(): a generator costs more here
-            key = id(array)
-            for reads in live:
-                if key in reads.fresh:
-                    return True
-        return False
-
     def handle(self, call: Call) -> Any:
         if self._replay is not None:
             return self._adjoint(call)
         outputs = call.argument("outputs", OUTPUTS) or ()
-        if self._live and self._changes_any(outputs):
+        if self._live and _reads.changes_any(self._live, outputs):
             kernel = call.argument("kernel", 0)
             args = kernel.adj.args[len(call.argument("inputs", INPUTS) or ()) :]
             for position, value in enumerate(outputs):
@@ -203,7 +213,7 @@ class WarpTape(Guard):
     def _write_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         # wp.copy (a function: its destination) and the array methods (their instance)
         array = instance if instance is not None else argument(args, kwargs, "dest", 0)
-        return bool(self._live) and not self._busy and self._changes_any((array,))
+        return bool(self._live) and not self._busy and _reads.changes_any(self._live, (array,))
 
     def _write(self, call: Call) -> Any:
         method = call.target.qualname.rpartition(".")[2]
@@ -239,10 +249,17 @@ class WarpTape(Guard):
     # -- Tape.backward and Tape.reset ------------------------------------------------------
 
     def _tape_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        return instance in self._tapes
+        reads = self._tapes.get(id(instance))
+        return reads is not None and reads.tape() is instance
 
     def _backward(self, call: Call) -> Any:
-        reads = self._tapes.pop(call.instance)
+        try:
+            return self._fixed_backward(call)
+        finally:
+            self._settle()
+
+    def _fixed_backward(self, call: Call) -> Any:
+        reads = self._tapes.pop(id(call.instance))
         self._drop(reads)
         self._busy = True  # comparing .numpy() views calls .numpy()
         try:
@@ -253,18 +270,8 @@ class WarpTape(Guard):
             return call.proceed()
         launches = call.instance.launches
         described = [_reads.describe(launches, reads, read) for read in stale]
-        first = described[0]
-        more = f" and {len(described) - 1} more" if len(described) > 1 else ""
-        fixing = self.report(
-            call,
-            "overwritten",
-            f"{first['kernel']}'s input {first['argument']!r} (read at {first['read_at']}) "
-            f"was overwritten by {first['written_by']} at {first['written_at']}{more} before "
-            "tape.backward(), which uses the arrays' current contents; "
-            + ("each launch was given" if self.mode == "fix" else "fix gives each launch")
-            + " the contents it read",
-            arrays=described,
-        )
+        text = _reads.message(described, fixed=self.mode == "fix")
+        fixing = self.report(call, "overwritten", text, arrays=described)
         if not fixing:
             return call.proceed()
         self._replay = _reads.replay_plan(launches, reads, stale)
@@ -274,12 +281,16 @@ class WarpTape(Guard):
             self._replay = None
 
     def _reset(self, call: Call) -> Any:
-        self._drop(self._tapes.pop(call.instance, None))
+        self._drop(self._tapes.pop(id(call.instance), None))
+        self._settle()
         return call.proceed()
 
+    def _gone(self, key: int) -> None:
+        """A tape died with its reads kept (dropped without backward() or reset())."""
+        self._drop(self._tapes.pop(key, None))
+        self._settle()
+
     def _drop(self, reads: _reads.TapeReads | None) -> None:
-        if reads is not None and reads.release is not None:
-            reads.release.detach()  # else it keeps the reads' arrays and copies alive
         if reads in self._live:
             self._live.remove(reads)
 

@@ -9,6 +9,7 @@ import weakref
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import CodeType, FrameType
     from typing import Any
 
@@ -26,11 +27,10 @@ class TapeReads:
     their last write, by id: the next write copies them first) and ``versions`` (by id,
     the contents before each write)."""
 
-    __slots__ = ("fresh", "log", "release", "tape", "versions")
+    __slots__ = ("fresh", "log", "tape", "versions")
 
-    def __init__(self, tape: Any) -> None:
-        self.tape = weakref.ref(tape)
-        self.release: Any = None  # the tape's finalizer, detached once these are dropped
+    def __init__(self, tape: Any, gone: Callable[[Any], None]) -> None:
+        self.tape = weakref.ref(tape, gone)  # ``gone`` runs if the tape dies first
         self.log: list[Read] = []
         self.fresh: dict[int, Any] = {}
         self.versions: dict[int, list[Version]] = {}
@@ -55,6 +55,16 @@ class TapeReads:
                 for (copy, _, _, exposed), later in zip(versions, after, strict=True)
             ]
         return [read for read in self.log if any(changed.get(id(read[2]), ())[read[4] :])]
+
+
+def changes_any(live: list[TapeReads], arrays: Any) -> bool:
+    """Whether a write to ``arrays`` changes what a recorded launch read (a copy is due)."""
+    for array in arrays:  # loops, not any(): a generator costs more here
+        key = id(array)
+        for reads in live:
+            if key in reads.fresh:
+                return True
+    return False
 
 
 def caller(frame: FrameType) -> tuple[CodeType, int]:
@@ -120,3 +130,16 @@ def describe(launches: list[Any], reads: TapeReads, read: Read) -> dict[str, Any
         "shape": list(array.shape),
         "dtype": getattr(array.dtype, "__name__", str(array.dtype)),
     }
+
+
+def message(described: list[dict[str, Any]], fixed: bool) -> str:
+    """The event's text: the first overwritten read, and how many more."""
+    first = described[0]
+    more = f" and {len(described) - 1} more" if len(described) > 1 else ""
+    return (
+        f"{first['kernel']}'s input {first['argument']!r} (read at {first['read_at']}) "
+        f"was overwritten by {first['written_by']} at {first['written_at']}{more} before "
+        "tape.backward(), which uses the arrays' current contents; "
+        + ("each launch was given" if fixed else "fix gives each launch")
+        + " the contents it read"
+    )

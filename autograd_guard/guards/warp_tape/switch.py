@@ -1,0 +1,46 @@
+"""Whether ``warp_tape``'s wrappers run at all: on while a tape records, keeps reads, or
+has its ``backward()`` fixed; off otherwise, so that Warp's calls cost nothing then.
+
+``on`` is the list the targets name as their ``switch`` (wrapt's ``enabled``: a list's
+truth costs no Python call). A tape's ``__enter__`` (after Warp accepted it) counts a
+recording and switches on; only the tapes' own steps switch off (``__exit__``,
+``backward()``, ``reset()``, a tape's death), and only once no tape records, none keeps
+reads and no ``backward()`` is being fixed. A launch never does: Warp pauses a recording
+by setting ``runtime.tape`` to None around its own launches (``warp.fem``), and a launch
+on another thread must not switch off a recording that is starting on this one.
+"""
+
+from __future__ import annotations
+
+import threading
+
+
+class Switch:
+    __slots__ = ("_lock", "on", "recording")
+
+    def __init__(self) -> None:
+        self.on: list[bool] = []
+        self.recording = 0  # tapes entered and not yet exited
+        self._lock = threading.Lock()
+
+    def entered(self) -> None:
+        with self._lock:
+            self.recording += 1
+            self.on[:] = [True]
+
+    def recording_already(self) -> None:
+        """The guard was installed while a tape records: its ``__exit__`` ends it."""
+        with self._lock:
+            if not self.recording:
+                self.recording = 1
+                self.on[:] = [True]
+
+    def exited(self) -> None:
+        with self._lock:
+            self.recording = max(0, self.recording - 1)
+
+    def settle(self, idle: bool) -> None:
+        """Off if no tape records and ``idle``: no reads kept, no backward() being fixed."""
+        with self._lock:
+            if not self.recording and idle:
+                self.on.clear()
