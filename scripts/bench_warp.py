@@ -6,7 +6,7 @@ Runs one child per Warp version (1.5.1, affected; the newest, with the guard for
 that its wrapper is in place). Each child alternates blocks of launches with the guard
 installed and uninstalled, and reports the median per-call time of each.
 
-    python scripts/bench_warp.py [--calls 2000 --blocks 15]
+    python scripts/bench_warp.py [--calls 2000 --blocks 15] [--only tape --clock cpu]
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ import warp as wp
 wp.config.quiet = True
 wp.init()
 reps, blocks = {reps}, {blocks}
+clock = time.{clock}  # perf_counter (wall) or thread_time (this thread's CPU time)
 
 @wp.kernel
 def k(x: wp.array(dtype=float), y: wp.array(dtype=float)):
@@ -127,28 +128,28 @@ def overwrite(n):
     xs, other = chain(n), wp.zeros(n, dtype=float)
     def case():
         tape = record(xs)  # launch 6 read xs[5]: the launch below overwrites it
-        start = time.perf_counter()
+        start = clock()
         wp.launch(k, dim=n, inputs=[other], outputs=[xs[5]], device="cpu")
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
         tape.reset()
         return elapsed
     return case
 
 def backward():
     tape = record(small)
-    start = time.perf_counter()
+    start = clock()
     tape.backward(grads={{small[10]: wp.ones(10, dtype=float)}})
-    elapsed = time.perf_counter() - start
+    elapsed = clock() - start
     tape.zero()
     return elapsed
 
 def timed(fn):
-    start = time.perf_counter()
+    start = clock()
     per = 0.0
     for _ in range(reps):
         out = fn()
         per += out if isinstance(out, float) else 0.0
-    total = time.perf_counter() - start
+    total = clock() - start
     count = out if isinstance(out, int) else 1
     return (total if per == 0.0 else per) / reps / count * 1e6
 
@@ -172,6 +173,7 @@ for name, fn in cases.items():
     results[name] = (statistics.median(bare), statistics.median(guarded))
 print(json.dumps({{"version": wp.config.version, "results": results}}))
 """
+CLOCKS = {"wall": "perf_counter", "cpu": "thread_time"}
 TAPE_GOALS = {"warp_tape: tape of 10 launches recording, per launch": "<= +1.5 us"}
 
 
@@ -187,11 +189,13 @@ def _child(version: str, source: str, cache: str) -> dict:
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
-def measure_tape(reps: int = 200, blocks: int = 11) -> list[Row]:
+def measure_tape(reps: int = 200, blocks: int = 11, clock: str = "wall") -> list[Row]:
     cache = tempfile.mkdtemp(prefix="warp-cache-")
     rows = []
     for version in ("1.5.1", "1.19.0"):
-        result = _child(version, TAPE_CHILD.format(reps=reps, blocks=blocks), cache)
+        result = _child(
+            version, TAPE_CHILD.format(reps=reps, blocks=blocks, clock=CLOCKS[clock]), cache
+        )
         for name, (base, guarded) in result["results"].items():
             case = f"{result['version']} {name}"
             rows.append(Row("warp", case, base, guarded, "us", TAPE_GOALS.get(name, "")))
@@ -226,6 +230,13 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--blocks", type=int, default=15)
     parser.add_argument("--only", choices=("torch_args", "tape"), default=None)
+    parser.add_argument(
+        "--clock",
+        choices=tuple(CLOCKS),
+        default="wall",
+        help="the tape rows' clock (cpu: "
+        "this thread's CPU time, steadier on a machine shared with other work)",
+    )
     args = parser.parse_args()
     if args.only != "tape":
         print_table(
@@ -234,7 +245,7 @@ def main() -> None:
         )
     if args.only != "torch_args":
         print_table(
-            measure_tape(max(args.calls // 10, 20), args.blocks),
+            measure_tape(max(args.calls // 10, 20), args.blocks, args.clock),
             "warp_tape alone, CPU: bare vs guarded (medians of interleaved blocks)",
         )
 
