@@ -232,6 +232,31 @@ def test_the_localiser_disarms_in_autograd_grad_loops_and_names_the_op():
     assert events[1]["op"] == "SqrtBackward0"
 
 
+def edge_loop(steps: int) -> dict[str, object]:
+    # torch.distributed.pipelining's stage backward (torch 2.15) passes GradientEdges
+    w = torch.nn.Parameter(torch.full((3,), 2.0))
+    optimizer = torch.optim.SGD([w], lr=0.1)
+    for step in range(steps):
+        optimizer.zero_grad()
+        loss = ((w - 1) ** 2).sum() + (sqrt_nan(w) if 1 <= step <= 3 else 0)
+        edge = torch.autograd.graph.get_gradient_edge(loss)
+        torch.autograd.backward([edge], grad_tensors=[torch.ones_like(loss)])
+        optimizer.step()
+    return outcome([w], optimizer, anomaly=torch.is_anomaly_enabled())
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.autograd.graph, "get_gradient_edge"), reason="GradientEdge: torch 2.4+"
+)
+def test_the_localiser_follows_a_backward_pass_from_a_gradient_edge():
+    # A GradientEdge root broke the probe (no values to check): a guard_error each pass.
+    skip = {"guards": {"grad_health": {"nonfinite_fix": "skip"}}}
+    bare, guarded, events = twin(lambda: edge_loop(12), skip)
+    assert guarded["anomaly"] is bare["anomaly"] is False
+    assert [e["action"] for e in events] == ["nonfinite_gradient", "nonfinite_origin"]
+    assert events[1]["op"] == "SqrtBackward0"
+
+
 def test_the_localiser_is_bounded_by_steps_and_time_and_gives_back_the_users_anomaly_mode():
     from autograd_guard.guards.grad_health import probe as _grad_probe
 

@@ -40,6 +40,18 @@ def in_transform() -> bool:
         return True
 
 
+def pass_roots(torch: Any, roots: Any) -> tuple[list[Any], list[Any]]:
+    """What a backward pass starts from: the root tensors (whose values the loss check
+    reads) and the graph's nodes at the roots. A root may be a ``GradientEdge`` (torch
+    2.4+; ``torch.distributed.pipelining``'s stage backward passes them): its node, and no
+    value."""
+    kinds = (torch.Tensor, getattr(torch.autograd.graph, "GradientEdge", torch.Tensor))
+    roots = [roots] if isinstance(roots, kinds) else list(roots)
+    values = [root for root in roots if isinstance(root, torch.Tensor)]
+    edges = [getattr(root, "node", None) for root in roots if not isinstance(root, torch.Tensor)]
+    return values, [value.grad_fn for value in values] + edges
+
+
 def graph_nodes(roots: list[Any]) -> list[Any]:
     """Every node of the backward graph below ``roots``, each once."""
     seen: set[int] = set()

@@ -6,9 +6,8 @@ It costs nothing until it is armed. Armed, it turns on anomaly mode with
 and, for each ``torch.autograd.backward`` or ``torch.autograd.grad`` pass, hooks every node
 of the graph to sum what it returns (kept on the device, read with one sync per device
 after the pass). It disarms after a few passes, a few optimizer steps or some seconds,
-whichever comes first (a timer covers a program that stops stepping), and puts back what it
-changed: the two functions, only if they are still its own, and anomaly mode, only if it is
-still as the probe set it.
+whichever comes first (a timer covers a program that stops stepping), and puts back the two
+functions (if still its own) and anomaly mode (if still as the probe set it).
 
 Where fix may repair (``nonfinite_fix = "repair"``), a pass also mends each node's non-finite
 outputs as it records (to 0, while the loss is finite): every node that makes them is
@@ -36,6 +35,7 @@ from autograd_guard.guards.grad_health.made import (
     mend_node,
     mendable,
     node_key,
+    pass_roots,
     patch_autograd,
     unpatch_autograd,
 )
@@ -155,11 +155,11 @@ class BackwardProbe:
         torch = sys.modules["torch"]
         handles = []
         try:
-            roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+            values, heads = pass_roots(torch, tensors)
             with torch.no_grad():
-                sums = [gradient_sum(torch, shard_of(t)) for t in roots if t.is_floating_point()]
+                sums = [gradient_sum(torch, shard_of(t)) for t in values if t.is_floating_point()]
                 self._gate = torch.stack(sums).isfinite().all() if sums else None
-            for node in graph_nodes([t.grad_fn for t in roots if t.grad_fn is not None]):
+            for node in graph_nodes(heads):
                 hook = functools.partial(self._node_hook, node, pending)
                 handles.append(node.register_hook(hook))
         except Exception as exc:
