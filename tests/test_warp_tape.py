@@ -427,3 +427,39 @@ def test_a_launch_kept_as_a_command_is_not_a_read_of_the_tape(tmp_path, warp_cac
     assert unguarded == {"grad": REFERENCE, "events": []}
     for mode in ("observe", "fix", "strict"):
         assert run(version, {"mode": mode}, tmp_path, warp_cache, script=COMMAND) == unguarded
+
+
+# A backward() that raises (here: a loss of 3 elements) ran no backward: the retry is
+# watched as the first call was, not given the arrays' current contents.
+RETRY = (
+    PREAMBLE
+    + KERNELS
+    + ARRAYS
+    + """
+xv = arr([10.0, 20.0, 30.0])
+tape, errors = wp.Tape(), []
+with capture_events() as events:
+    with tape:
+        wp.launch(predict, 3, inputs=[w, x], outputs=[y])
+        wp.launch(sq_loss, 3, inputs=[y, t], outputs=[loss])
+    wp.launch(predict, 3, inputs=[w, xv], outputs=[y])  # overwrites what sq_loss read
+    for root in (y, loss):
+        try:
+            tape.backward(root)
+        except Exception as exc:
+            errors.append(type(exc).__name__)
+print(json.dumps({"grad": w.grad.numpy().tolist(), "errors": errors,
+                  "events": [e["action"] for e in events]}))
+"""
+)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_backward_that_raised_leaves_the_retry_watched(tmp_path, warp_cache, version):
+    unguarded = run(version, None, tmp_path, warp_cache, script=RETRY)
+    assert unguarded["grad"] != REFERENCE and unguarded["errors"] == ["RuntimeError"]
+    fixed = run(version, {"mode": "fix"}, tmp_path, warp_cache, script=RETRY)
+    assert fixed["grad"] == REFERENCE and fixed["errors"] == ["RuntimeError"]
+    assert set(fixed["events"]) == {"overwritten"}
+    strict = run(version, {"mode": "strict"}, tmp_path, warp_cache, script=RETRY)
+    assert strict["errors"] == ["GuardError", "GuardError"]

@@ -12,17 +12,15 @@ only prints.
 Affected: every warp-lang version (open in 1.19).
 Upstream: NVIDIA/warp#1350, "wp.Tape: backward() evaluates at current array state, not
 forward values".
-Remedy: while a tape records, the guard notes which arrays each launch reads (its
-``inputs``). Before a write changes such an array, its contents are copied once
-(copy-on-write: arrays nobody overwrites cost nothing). At ``backward()``, ``observe``
-names each overwritten array, the launch that read it and the write that changed it,
-with their lines; ``strict`` raises there; ``fix`` gives each recorded launch's adjoint
-the copy of what it read, so that the gradient is that of the program as written (as if
-every write had gone to a fresh buffer). The arrays' current contents are never touched.
-Reads are forgotten at ``backward()`` and ``tape.reset()``: buffers reused after
-``backward()`` are Warp's own idiom and cost nothing (so a second ``backward()`` of the
-same recording, after such a write, is neither fixed nor named). Warp's record of each
-launch's caller (its visualisation, and these reports, name it) stays the user's frame.
+Remedy: while a tape records, the guard notes the arrays each launch reads (``inputs``);
+before a write changes one, its contents are copied once (copy-on-write). At
+``backward()``, ``observe`` names each overwritten array, the launch that read it and the
+write that changed it, with their lines; ``strict`` raises there; ``fix`` gives each
+recorded launch's adjoint the copy of what it read: the gradient of the program as written
+(as if every write had gone to a fresh buffer); current contents are never touched. Reads
+are forgotten once ``backward()`` ran and at ``tape.reset()``: buffers reused after it are
+Warp's idiom (a second ``backward()`` of the same recording is neither fixed nor named).
+Warp's record of each launch's caller (its visualisation names it) stays the user's frame.
 
 Writes it sees: the ``outputs`` of ``wp.launch``, the destination of ``wp.copy`` (and so
 of ``wp.clone``), ``array.assign``, ``fill_`` and ``zero_``, and a host array whose
@@ -35,12 +33,11 @@ of ``tape.record_func`` callbacks, a ``Launch`` object's replay (``record_cmd=Tr
 CUDA graph replay (``wp.capture_launch``); inside a graph capture it neither copies nor
 reports.
 
-Cost: while no tape records and none keeps reads, the wrappers do not run at all
-(``.switch``: wrapt's ``enabled``): ``wp.launch`` and ``wp.copy`` cost what they cost
-unguarded, the array methods about 1 us more (binding through the proxy). Not
-seen: a recording started without ``Tape.__enter__`` (``runtime.tape`` set by hand, a
-subclass whose ``__enter__`` skips ``super()``). Rebinding the functions at ``__enter__``
-instead would miss references bound before it (``from warp import launch``).
+Cost: while no tape records and none keeps reads, the wrappers do not run (``.switch``,
+wrapt's ``enabled``): ``wp.launch`` and ``wp.copy`` cost what they cost unguarded, array
+methods ~1 us more (binding through the proxy). Not seen: a recording started without
+``Tape.__enter__`` (``runtime.tape`` set by hand, a subclass whose ``__enter__`` skips
+``super()``). Rebinding the functions at ``__enter__`` would miss earlier references.
 """
 
 from __future__ import annotations
@@ -103,8 +100,8 @@ class WarpTape(Guard):
         self._live: list[_reads.TapeReads] = []  # of the tapes not yet backward()
         self._replay: dict[int, list[dict[int, Any]]] | None = None  # fix, in backward()
         self._busy = False  # the guard's own copies
-        self._switch = _switch.Switch()
-        self._wanted = self._switch.on  # the targets' switch: their wrappers run while true
+        self._switch = _switch.Switch()  # `_wanted`, the targets' switch, is its list
+        self._wanted = self._switch.on
 
     def _attach(self, module: ModuleType, target: Target | None) -> None:
         if module.__name__ in CONTEXTS and (self._context is None or "_src" in module.__name__):
@@ -115,17 +112,17 @@ class WarpTape(Guard):
             self._switch.recording_already()
 
     # -- a recording's scope: the switch (see .switch) ------------------------------------
-
     def _enter(self, call: Call) -> Any:
         result = call.proceed()  # Warp refuses a second tape: nothing is counted then
         self._switch.entered()
         return result
 
     def _exit(self, call: Call) -> Any:
-        result = call.proceed()
-        self._switch.exited()
-        self._settle()
-        return result
+        try:
+            return call.proceed()
+        finally:  # Warp raises if no tape records: counted out all the same
+            self._switch.exited()
+            self._settle()
 
     def _settle(self) -> None:
         self._switch.settle(not self._live and self._replay is None)
@@ -254,8 +251,14 @@ class WarpTape(Guard):
         return reads is not None and reads.tape() is instance
 
     def _backward(self, call: Call) -> Any:
+        key, reads = id(call.instance), self._tapes.get(id(call.instance))
         try:
             return self._fixed_backward(call)
+        except BaseException:  # no backward() took place: a retry is watched as this one was
+            if reads is not None and reads.tape() is call.instance:
+                self._tapes[key] = reads
+                self._live.append(reads)
+            raise
         finally:
             self._settle()
 
@@ -282,12 +285,10 @@ class WarpTape(Guard):
             self._replay = None
 
     def _reset(self, call: Call) -> Any:
-        self._drop(self._tapes.pop(id(call.instance), None))
-        self._settle()
+        self._gone(id(call.instance))
         return call.proceed()
 
-    def _gone(self, key: int) -> None:
-        """A tape died with its reads kept (dropped without backward() or reset())."""
+    def _gone(self, key: int) -> None:  # reset(), or a tape dropped with its reads kept
         self._drop(self._tapes.pop(key, None))
         self._settle()
 

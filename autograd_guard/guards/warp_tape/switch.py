@@ -21,7 +21,8 @@ class Switch:
     def __init__(self) -> None:
         self.on: list[bool] = []
         self.recording = 0  # tapes entered and not yet exited
-        self._lock = threading.Lock()
+        # re-entrant: a tape's death (a weakref callback) may settle during a collection
+        self._lock = threading.RLock()
 
     def entered(self) -> None:
         with self._lock:
