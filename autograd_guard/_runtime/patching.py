@@ -214,8 +214,10 @@ def _restore_copies(
     holds a copy the patcher never set: it gets the original back too. Only the modules
     of the patched packages are looked at, and only their names that hold a wrapper."""
     ours = {id(w) for w in wrappers}
+    if not ours:
+        return
     for name, module in list(sys.modules.items()):
-        if not ours or name.partition(".")[0] not in packages:
+        if name.partition(".")[0] not in packages:
             continue
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict):

@@ -251,20 +251,19 @@ class WarpTape(Guard):
         return reads is not None and reads.tape() is instance
 
     def _backward(self, call: Call) -> Any:
-        key, reads = id(call.instance), self._tapes.get(id(call.instance))
+        key = id(call.instance)
+        reads = self._tapes.pop(key)  # _tape_check found them
+        self._drop(reads)
         try:
-            return self._fixed_backward(call)
+            return self._fixed_backward(call, reads)
         except BaseException:  # no backward() took place: a retry is watched as this one was
-            if reads is not None and reads.tape() is call.instance:
-                self._tapes[key] = reads
-                self._live.append(reads)
+            self._tapes[key] = reads
+            self._live.append(reads)
             raise
         finally:
             self._settle()
 
-    def _fixed_backward(self, call: Call) -> Any:
-        reads = self._tapes.pop(id(call.instance))
-        self._drop(reads)
+    def _fixed_backward(self, call: Call, reads: _reads.TapeReads) -> Any:
         self._busy = True  # comparing .numpy() views calls .numpy()
         try:
             stale = reads.stale()

@@ -67,11 +67,17 @@ def changes_any(live: list[TapeReads], arrays: Any) -> bool:
     return False
 
 
-def caller(frame: FrameType) -> tuple[CodeType, int]:
-    """The first caller at or above ``frame`` outside this package (its wrappers and
-    proxies); a line is worked out from it only for a report."""
+def outside(frame: FrameType) -> FrameType:
+    """The first frame at or above ``frame`` outside this package (its wrappers and
+    proxies): the user's, or the library's that called it."""
     while frame.f_code.co_filename.startswith(OWN) and frame.f_back is not None:
         frame = frame.f_back
+    return frame
+
+
+def caller(frame: FrameType) -> tuple[CodeType, int]:
+    """Where ``outside(frame)`` is; a line is worked out from it only for a report."""
+    frame = outside(frame)
     return frame.f_code, frame.f_lasti
 
 
@@ -84,8 +90,7 @@ def mend_caller(entry: Any, frame: FrameType) -> None:
         return
     recorded = metadata.get("caller")
     if isinstance(recorded, dict) and str(recorded.get("file", "")).startswith(OWN):
-        while frame.f_code.co_filename.startswith(OWN) and frame.f_back is not None:
-            frame = frame.f_back
+        frame = outside(frame)
         code, lineno = frame.f_code, frame.f_lineno
         metadata["caller"] = {"file": code.co_filename, "lineno": lineno, "func": code.co_name}
 
