@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 CHILD = """
 import json, os, warnings, torch
@@ -93,10 +94,16 @@ print("RESULT:" + json.dumps(out))
 
 
 def child(guarded: bool, result: str) -> dict[str, dict[str, object]]:
-    env = dict(os.environ, GUARDED="1" if guarded else "0", RESULT=result)
+    return run_child(CHILD, {"GUARDED": "1" if guarded else "0", "RESULT": result})
+
+
+def run_child(code: str, env: dict[str, str]) -> dict[str, Any]:
+    """``code`` run in a child interpreter with ``env`` added (the guard not started by
+    the variable): what its ``RESULT:`` line says. Exits 1 with its output if it failed."""
+    env = dict(os.environ, **env)
     env.pop("AUTOGRAD_GUARD", None)
     done = subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT:")]
     if done.returncode or not lines:

@@ -15,12 +15,18 @@ Each returns (final loss, the solution) after ``steps`` optimizer steps.
 - ``regularised_rotation``: PyTorch3D's ``so3_rotation_angle`` with ``cos_bound=0`` calls
   ``acos`` unbounded: at the identity its backward is -0/0. The fix: the default
   ``cos_bound`` (1e-4).
+
+``masked_attention`` and ``soft_distance`` also run on another ``device`` (the same
+initial values, made on the CPU), for ``scripts/gpu_grad_health_repair.py``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+Hook = Callable[[int], None] | None  # called with the step's index before each step
 ROTATION_FIT = """
 import json, sys
 sys.path.insert(0, {folder!r})
@@ -45,7 +51,9 @@ print(json.dumps({{"loss": loss.item(), "solution": rotvec.tolist(), "events": e
 """
 
 
-def masked_attention(fixed: bool = False, steps: int = 150) -> tuple[float, torch.Tensor]:
+def masked_attention(
+    fixed: bool = False, steps: int = 150, device: str = "cpu", each_step: Hook = None
+) -> tuple[float, torch.Tensor]:
     torch.manual_seed(0)
     batch, length, width = 4, 6, 8
     x, target = torch.randn(batch, length, width), torch.randn(batch, length, width)
@@ -53,10 +61,13 @@ def masked_attention(fixed: bool = False, steps: int = 150) -> tuple[float, torc
     pad[0, 3:] = pad[2, 4:] = False  # padded positions
     causal = torch.ones(length, length, dtype=torch.bool).tril()
     mask = pad[:, None, :] & causal & pad[:, :, None]  # a padded query masks every key
-    layers = [torch.nn.Linear(width, width) for _ in range(3)]
+    layers = [torch.nn.Linear(width, width).to(device) for _ in range(3)]
+    x, target, pad, mask = (t.to(device) for t in (x, target, pad, mask))
     optimizer = torch.optim.SGD([p for layer in layers for p in layer.parameters()], lr=0.1)
     q, k, v = layers
-    for _ in range(steps):
+    for step in range(steps):
+        if each_step is not None:
+            each_step(step)
         scores = q(x) @ k(x).transpose(1, 2) / width**0.5
         scores = scores.masked_fill(~mask, -1e9 if fixed else float("-inf"))
         out = torch.softmax(scores, -1) @ v(x)
@@ -64,18 +75,22 @@ def masked_attention(fixed: bool = False, steps: int = 150) -> tuple[float, torc
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    return loss.item(), torch.cat([p.detach().flatten() for p in q.parameters()])
+    return loss.item(), torch.cat([p.detach().flatten() for p in q.parameters()]).cpu()
 
 
-def soft_distance(fixed: bool = False, steps: int = 300) -> tuple[float, torch.Tensor]:
+def soft_distance(
+    fixed: bool = False, steps: int = 300, device: str = "cpu", each_step: Hook = None
+) -> tuple[float, torch.Tensor]:
     torch.manual_seed(0)
-    axis = torch.arange(24) * 1.0
+    axis = torch.arange(24, device=device) * 1.0
     grid = torch.stack(torch.meshgrid(axis, axis, indexing="ij"), -1).reshape(-1, 2)
-    centres = torch.nn.Parameter(torch.tensor([[3.0, 4.0], [6.0, 5.0]]))
-    target = torch.tensor([[12.0, 12.0], [14.0, 9.0]])
+    centres = torch.nn.Parameter(torch.tensor([[3.0, 4.0], [6.0, 5.0]], device=device))
+    target = torch.tensor([[12.0, 12.0], [14.0, 9.0]], device=device)
     goal = (torch.cdist(grid, target) ** 2).min(1).values.clamp(max=36.0)
     optimizer = torch.optim.Adam([centres], lr=0.3)
-    for _ in range(steps):
+    for step in range(steps):
+        if each_step is not None:
+            each_step(step)
         kernel = torch.exp(-(torch.cdist(grid, centres) ** 2) / 0.5).sum(1)  # 0 far away
         if fixed:
             safe = torch.where(kernel > 0, kernel, torch.ones_like(kernel))
@@ -86,7 +101,7 @@ def soft_distance(fixed: bool = False, steps: int = 300) -> tuple[float, torch.T
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    return loss.item(), centres.detach().flatten()
+    return loss.item(), centres.detach().flatten().cpu()
 
 
 def regularised_rotation(fixed: bool = False, steps: int = 150) -> tuple[float, torch.Tensor]:

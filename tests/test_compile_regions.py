@@ -237,3 +237,37 @@ def test_a_subclass_of_classmethod_is_guarded_as_itself(make_module):
         name, total = registered_stages.Model.build(torch.ones(2, requires_grad=True))
     assert name == "Model" and total.requires_grad
     assert [e["action"] for e in events] == ["enable_grad"]
+
+
+def test_a_lean_disabled_function_breaks_the_graph_and_runs_outside_dynamo():
+    """``dynamo_frames.disabled``, the gate's per-step form of ``torch._dynamo.disable``:
+    a compiled function that calls it breaks its graph there and runs it once, eagerly,
+    with Dynamo's callback unset (none of its frames compiled); the code either side is
+    compiled as before."""
+    import torch._dynamo
+
+    _dynamo_frames.dynamo_imported(torch._dynamo)
+    set_eval_frame = _dynamo_frames.DYNAMO.set_eval_frame
+    callbacks = []
+
+    def check(x):
+        callback = set_eval_frame(None)  # what runs this frame
+        set_eval_frame(callback)
+        callbacks.append(callback)
+        return x + 1
+
+    lean = _dynamo_frames.disabled(check)
+    graphs = []
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    @torch.compile(backend=backend)
+    def step(x):
+        return lean(x * 2) * 3
+
+    assert torch.equal(step(torch.ones(2)), torch.full((2,), 9.0))
+    assert callbacks == [None]
+    assert len(graphs) == 2  # x * 2, then * 3: the call between them ran eagerly
+    assert lean(torch.zeros(1)).item() == 1.0 and callbacks[-1] is None  # eager: as before

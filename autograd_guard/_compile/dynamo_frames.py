@@ -120,6 +120,30 @@ def restore(callback: Any) -> None:
         DYNAMO.set_eval_frame(callback)
 
 
+def disabled(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch._dynamo.disable(function)`` for the guard's own per-step functions, at the
+    cost of two C calls: Dynamo tracing a call to it breaks the graph there (it reads
+    ``_torchdynamo_disable``, as for its own), never compiles its frame, and ``function``
+    runs with the callback unset. torch's wrapper also handles export annotations and
+    compile stances, none of which reach a guard's check; it costs ~2 us a call in a
+    short training step. Only once ``dynamo_imported`` ran (it raises where this torch
+    lacks what it needs: use torch's ``disable`` then)."""
+    set_eval_frame: Any = DYNAMO.set_eval_frame
+    if set_eval_frame is None:
+        raise RuntimeError("torch._dynamo's frame callback is not reached yet")
+
+    def autograd_guard_disabled(*args: Any) -> Any:
+        prior = set_eval_frame(None)
+        try:
+            return function(*args)
+        finally:
+            set_eval_frame(prior)
+
+    autograd_guard_disabled._torchdynamo_disable = True  # type: ignore[attr-defined]
+    autograd_guard_disabled._torchdynamo_orig_callable = function  # type: ignore[attr-defined]
+    return autograd_guard_disabled
+
+
 @skipped
 def region_callback() -> Any:
     """The callback of the torch.compile region that runs this call, now unset (``outside``
@@ -162,3 +186,9 @@ def _compiled_again(wrapped: Callable[..., Any], callback: Any) -> Callable[...,
 
     original.__wrapped__ = wrapped  # type: ignore[attr-defined]  # its signature, kind
     return original
+
+
+# Dynamo never compiles a frame of the wrapper that ``disabled`` makes
+for _code in disabled.__code__.co_consts:
+    if getattr(_code, "co_name", "") == "autograd_guard_disabled":
+        skip(_code)

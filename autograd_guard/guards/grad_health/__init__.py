@@ -169,7 +169,7 @@ class GradHealth(StepFlow, RepairFlow, Findings, Guard):
 
     def _dynamo_imported(self, dynamo: ModuleType) -> None:
         try:
-            self._gates.eager(dynamo.disable)
+            self._gates.eager(dynamo)
             self._hooks.dynamo_imported(dynamo, self._run_unhooked_step)
         except Exception as exc:  # fail open: the hooks run as they are
             self.fail("hook", exc)

@@ -164,7 +164,7 @@ class Probe:
         torch = sys.modules["torch"]
         self.nonzero: bool | None = None
         self.flag: Any = None
-        if grad.layout == torch.strided and grad.numel() == 1 and grad.device.type == "cpu":
+        if grad.is_cpu and grad.numel() == 1 and grad.layout == torch.strided:
             self.nonzero = grad.item() != 0  # one value on the host: read, no kernel
         else:
             self.flag = torch.count_nonzero(gradient_values(torch, grad))  # faster than any()

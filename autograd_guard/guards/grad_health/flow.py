@@ -17,6 +17,7 @@ from autograd_guard.guards.grad_health.check import PendingFlag
 from autograd_guard.guards.grad_health.closure import ClosureFlow
 from autograd_guard.guards.grad_health.dist import local_gradient
 from autograd_guard.guards.grad_health.gate import CLOSURE, RUN, SKIP
+from autograd_guard.guards.grad_health.quick import QuickFlow
 from autograd_guard.guards.grad_health.step import closure_of, params_of
 from autograd_guard.guards.grad_health.together import SharedFlow
 from autograd_guard.guards.grad_health.usage import UsageFlow
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.words import StepSites
 
 
-class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
+class StepFlow(QuickFlow, SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
     """What runs at each optimizer step (``GradHealth`` provides the state and reports)."""
 
     active: bool
@@ -94,7 +95,9 @@ class StepFlow(SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
         try:
             if record.flag is not None:
                 self._step_over(optimizer, record)  # the last step raised before its post-hooks
-            verdict = self._step_starts(optimizer, record, args, kwargs, gated)
+            verdict = self._quick(optimizer, record, args, kwargs, gated)
+            if verdict is None:  # not the common step (see .quick)
+                verdict = self._step_starts(optimizer, record, args, kwargs, gated)
         except GuardError as strict:
             self._leave(record)
             return Refused(strict)

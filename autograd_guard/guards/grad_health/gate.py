@@ -18,12 +18,14 @@ from __future__ import annotations
 import functools
 import sys
 
+from autograd_guard._compile import dynamo_frames as _dynamo_frames
 from autograd_guard.errors import Refused, returning_refusals
 from autograd_guard.guards.grad_health.compile import STAND_IN, hook_wrapper, hook_wrapper_code
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from types import ModuleType
     from typing import Any
 
     # decide(optimizer args, kwargs) -> RUN, SKIP or CLOSURE; closure_step(body, args, kwargs)
@@ -135,8 +137,16 @@ class Gates:
         if not gated:
             ungated()
 
-    def eager(self, disable: Callable[[Any], Any]) -> None:
-        """Dynamo is imported: the guard's functions run eagerly from now on."""
+    def eager(self, dynamo: ModuleType) -> None:
+        """Dynamo is imported: the guard's functions run eagerly from now on, kept out of
+        Dynamo by ``_compile.dynamo_frames.disabled`` (two C calls a step; torch's
+        ``disable`` costs ~2 us more each in a short step), or by torch's ``disable``
+        where this torch lacks what that needs (the engine says so)."""
+        disable: Callable[[Any], Any] = _dynamo_frames.disabled
+        try:
+            _dynamo_frames.dynamo_imported(dynamo)  # the engine's own hook may come later
+        except Exception:
+            disable = dynamo.disable
         self.decide, self.finish, self.closure_step = (disable(f) for f in self._plain)
 
     def gate(self, body: Callable[..., Any]) -> Callable[..., Any]:

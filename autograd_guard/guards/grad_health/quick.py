@@ -1,0 +1,78 @@
+"""The common step in one frame: one process, a plain optimizer whose every parameter has
+had its first gradient, no closure, no GradScaler, gradients on one device that AMP's
+kernel reads. ``StepFlow._check`` decides such a step the same way, through a dozen
+helpers; in a short step (a small model on the CPU) their calls cost more than the
+check's kernel, so the healthy case takes this path, and everything else (a first step,
+a lost-gradient window, ranks that decide together, a localiser armed, a flag lent to a
+fused optimizer, a non-finite gradient) the full one.
+
+A mixin of ``StepFlow``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from autograd_guard.guards.grad_health import zero
+from autograd_guard.guards.grad_health.gate import RUN
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from autograd_guard.guards.grad_health.check import FiniteCheck
+    from autograd_guard.guards.grad_health.record import Record, Records
+
+
+class QuickFlow:
+    """``_quick``: the verdict on a common step, or None (nothing done: the full check
+    decides)."""
+
+    config: dict[str, Any]
+    _records: Records
+    _finite: FiniteCheck
+    _probe: Any
+    _nonfinite: Callable[..., object]
+    _zero_counted: Callable[..., None]
+
+    def _quick(
+        self, optimizer: Any, record: Record, args: tuple[Any, ...], kwargs: Any, gated: bool
+    ) -> object | None:
+        if (
+            kwargs
+            or len(args) > 1  # a closure, or GradScaler's keyword
+            or record.site is None  # the first step
+            or record.waiting
+            or record.watch is not None  # the lost-gradient window
+            or record.sharing is not None  # ranks that decide together
+            or self._probe is not None  # the localiser is armed
+            or getattr(optimizer, "found_inf", None) is not None  # a flag lent, or GradScaler's
+            or not self.config["nonfinite"]
+        ):
+            return None
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if len(params) != record.known or record.shared_known != len(params):
+            return None  # parameters added since: the full check registers them
+        grads = [g for p in params if (g := p.grad) is not None]  # one read of each
+        if not grads or type(grads[0]) is not sys.modules["torch"].Tensor:
+            return None
+        slot = self._finite.slot(grads[0].device)
+        if not slot.kernel or slot.deferred:
+            return None
+        # as _step_starts and _check do, in their order
+        record.step += 1
+        self._records.steps += 1
+        record.evaluations = 0
+        record.empty = 0
+        flag = zero.probe(record, grads) if self.config["zero_steps"] else None
+        if not self._finite.all_finite(grads, slot, flag):
+            bad = [p for p in params if p.grad is not None]
+            return self._nonfinite(optimizer, record, bad, gated=gated, evaluation=None)
+        record.in_a_row = 0
+        if flag is not None:
+            if flag.read():  # the common case of zero.counts: a streak broken
+                record.zero_step, record.zero_in_a_row = record.step, 0
+            else:
+                self._zero_counted(optimizer, record, zero.all_zero(record, grads, flag))
+        return RUN
