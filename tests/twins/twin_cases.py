@@ -49,6 +49,7 @@ LIBRARIES = {
     "pytorch_optimizer",
     "accelerate",
     "lightning",
+    "roma-1.2.1",
 }
 # Compiled code a case may need, and the test file that runs such cases (where that code
 # imports; test_twins.py runs only the cases that need none of it). PyTorch3D's compiled
