@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 
 import pytest
 import torch
@@ -430,6 +431,25 @@ def test_a_nan_in_a_sparse_gradient_is_found():
     with pytest.raises(autograd_guard.GuardError, match="non-finite gradient in weight"):
         optimizer.step()
     assert torch.equal(embedding.weight.detach(), before)
+
+
+def test_the_localiser_reads_a_sparse_gradient_without_failing():
+    """fix skips a sparse NaN step, and the localiser that follows mends the sparse
+    gradient of EmbeddingBackward0 through its stored values: no guard_error, and the
+    origin event says what is true (a one-off value), with no warning of torch's."""
+    autograd_guard.install({})
+    embedding = torch.nn.Embedding(10, 3, sparse=True)
+    optimizer = torch.optim.SGD(embedding.parameters(), lr=0.1)
+    with capture_events() as events, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step in range(6):
+            optimizer.zero_grad()
+            out = embedding(torch.tensor([1, 2, 2, 5])).sum()
+            (out * float("nan") if step == 1 else out).backward()
+            optimizer.step()
+    assert [e["action"] for e in events] == ["nonfinite_gradient", "nonfinite_origin"]
+    assert "a one-off value" in events[1]["event"]
+    assert torch.isfinite(embedding.weight).all()
 
 
 def test_observe_names_the_parameters_once_per_call_site(monkeypatch):

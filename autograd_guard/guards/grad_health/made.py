@@ -184,6 +184,12 @@ def mended(torch: Any, grad: Any, gate: Any) -> tuple[Any, Any]:
     none could be)."""
     if grad is None or not grad.is_floating_point():
         return grad, None
+    if grad.layout != torch.strided:  # a sparse gradient's stored values (nn.Embedding)
+        if not grad.is_sparse:
+            return grad, None
+        values, changed = mended(torch, grad._values(), gate)
+        made = torch.sparse_coo_tensor(grad._indices(), values, grad.shape, check_invariants=False)
+        return made, changed
     bad = ~torch.isfinite(grad)
     if gate is not None:
         bad = bad & gate

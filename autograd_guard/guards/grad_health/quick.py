@@ -52,7 +52,9 @@ class QuickFlow:
         ):
             return None
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        if len(params) != record.known or record.shared_known != len(params):
+        if record.shared_known != len(params) or (
+            len(params) != record.known and self.config["lost_steps"]
+        ):
             return None  # parameters added since: the full check registers them
         grads = [g for p in params if (g := p.grad) is not None]  # one read of each
         if not grads or type(grads[0]) is not sys.modules["torch"].Tensor:
