@@ -130,6 +130,27 @@ def test_steps_without_gradients_and_non_finite_steps_are_not_zero_steps():
     assert events == []
 
 
+def test_a_step_without_gradients_breaks_a_streak():
+    """The event says every gradient was zero for N steps in a row, none missing: a step
+    between them that had no gradient at all (no backward) ends the streak."""
+    autograd_guard.install({"guards": {"grad_health": {"zero_steps": 4, "lost_steps": 0}}})
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    with capture_events() as events:
+        for step in range(6):  # zero, zero, none, zero, zero, zero: no streak of 4
+            opt.zero_grad()
+            if step != 2:
+                (w * 0.0).sum().backward()
+            opt.step()
+    assert [e["action"] for e in events if e["action"] != "summary"] == []
+    with capture_events() as events:
+        for _ in range(1):  # one more zero step: a streak of 4
+            opt.zero_grad()
+            (w * 0.0).sum().backward()
+            opt.step()
+    assert [e["action"] for e in events] == ["zero_gradient"]
+
+
 def test_an_optimizer_whose_gradients_have_no_elements_has_no_zero_steps():
     """A gradient of zero elements holds no value that could be zero: vacuous."""
     autograd_guard.install({})

@@ -185,7 +185,8 @@ class StepFlow(QuickFlow, SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
         grads = [g for p in consumed if (g := p.grad) is not None]  # one read of each
         if grads:
             record.empty = 0
-        else:
+        else:  # not a zero step: a streak of them ends ("none missing")
+            record.zero_in_a_row = 0
             self._no_gradient(optimizer, record, params)
         if sharing is not None and self.mode != "observe" and sharing.channel.closed is None:
             return self._decide_together(
