@@ -316,10 +316,11 @@ def doc_text(name: str) -> str:
 
 
 def test_performance_gives_grad_health_s_step_cost_once():
-    """The table's step row is the quiet run the text describes, not a loaded one."""
+    """The table's step row is within the range the text gives for the code as it is
+    (the idle runs), not a loaded run's."""
     text = doc_text("performance.md")
     [row] = [line for line in text.splitlines() if "CPU: step guarded vs bare" in line]
     ratio = float(re.search(r"([\d.]+)x\s+<=", row).group(1))
-    quiet = re.search(r"A quiet run \(.*?\): .*?(\d\.\d+)-(\d\.\d+)x", " ".join(text.split()))
-    assert quiet is not None
-    assert float(quiet.group(1)) <= ratio <= float(quiet.group(2))
+    now = re.search(r"now (\d\.\d+)-(\d\.\d+)x", " ".join(text.split()))
+    assert now is not None
+    assert float(now.group(1)) <= ratio <= float(now.group(2))
