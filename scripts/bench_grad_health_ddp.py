@@ -2,9 +2,11 @@
 sizes.
 
 Both ranks run an MLP (16-W-W-1, batch 64, Adam) under DistributedDataParallel for each
-width W, in blocks of three kinds that alternate in lockstep on both ranks: unguarded,
-guarded, and unguarded plus one all-reduce of 6 float64 values per step on a gloo group
-of its own (what the guard's exchange is: the goal is that the guard adds at most that).
+width W, in blocks of four kinds that alternate in lockstep on both ranks: unguarded,
+guarded, unguarded plus one all-reduce of 6 float64 values per step on a gloo group of its
+own (what the guard's exchange is: the goal is that the guard adds at most that), and
+guarded with ``nonfinite = false`` (the gate and the rest of the step's work, no check and
+so no exchange: what the guard costs besides its exchange).
 Rank 0's per-step time: per width, the median over blocks of each side, and the median of
 each round's guarded / unguarded ratio.
 
@@ -33,7 +35,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from benchtable import Row, print_table
 
-BARE, GUARDED, REDUCE = "bare", "guarded", "bare + 1 all-reduce"
+BARE, GUARDED, REDUCE, UNCHECKED = "bare", "guarded", "bare + 1 all-reduce", "unchecked"
+KINDS = (BARE, GUARDED, REDUCE, UNCHECKED)
+POLICIES = {
+    GUARDED: {"log": os.devnull},
+    # the guard with its non-finite check off: the step gate and the rest, no exchange
+    UNCHECKED: {"log": os.devnull, "guards": {"grad_health": {"nonfinite": False}}},
+}
 
 
 def _block(
@@ -80,19 +88,18 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
         model = _model(width)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         for block in range(args.blocks):
-            kinds = [BARE, GUARDED, REDUCE]
-            kinds = kinds[block % 3 :] + kinds[: block % 3]  # each kind first in turn
+            kinds = KINDS[block % 4 :] + KINDS[: block % 4]  # each kind first in turn
             times = {}
             for kind in kinds:
-                if kind == GUARDED:
-                    autograd_guard.install({"log": os.devnull})
+                if kind in POLICIES:
+                    autograd_guard.install(POLICIES[kind])
                 try:
                     times[kind] = _block(
                         model, optimizer, args.steps, pg if kind == REDUCE else None
                     )
                 finally:
                     autograd_guard.uninstall()
-            lines.append(f"{width} {times[BARE]} {times[GUARDED]} {times[REDUCE]}")
+            lines.append(f"{width} " + " ".join(str(times[kind]) for kind in KINDS))
     if rank == 0:
         Path(out).write_text("\n".join(lines))
     dist.destroy_process_group()
@@ -112,9 +119,11 @@ def measure(args: argparse.Namespace) -> list[Row]:
         bare = statistics.median(r[0] for r in mine)
         ratio = statistics.median(r[1] / r[0] for r in mine)
         reduce = statistics.median(r[2] for r in mine)
+        unchecked = statistics.median(r[3] for r in mine)
         case = f"2-rank DDP (gloo), MLP 16-{width}-{width}-1, batch 64, Adam"
         rows.append(Row("grad", case, bare, bare * ratio, "ms", "<= 1.05x at >= 10 ms"))
         rows.append(Row("grad", case + " + 1 all-reduce", bare, reduce, "ms", "reference"))
+        rows.append(Row("grad", case + ", guarded, no check", bare, unchecked, "ms", "no exchange"))
     return rows
 
 
