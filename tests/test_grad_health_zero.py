@@ -151,6 +151,32 @@ def test_a_step_without_gradients_breaks_a_streak():
     assert [e["action"] for e in events] == ["zero_gradient"]
 
 
+def test_the_probe_goes_back_to_the_smallest_gradient(monkeypatch):
+    """A one-value gradient that was exactly 0 at one step (a bias at an exact fit) moves
+    the probe to a larger gradient, a kernel per step; after ``AGAIN`` steps the one-value
+    gradient is probed again, read with no kernel."""
+    from autograd_guard.guards.grad_health.zero import AGAIN
+
+    autograd_guard.install({})
+    w, b = torch.nn.Parameter(torch.ones(256)), torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([w, b], lr=0.0)
+    kernels = []
+    count_nonzero = torch.count_nonzero
+    monkeypatch.setattr(torch, "count_nonzero", lambda *a: kernels.append(1) or count_nonzero(*a))
+
+    def step(bias_scale: float) -> int:
+        kernels.clear()
+        opt.zero_grad()
+        (w.sum() + b.sum() * bias_scale).backward()
+        opt.step()
+        return len(kernels)
+
+    assert [step(1.0) for _ in range(3)] == [0, 0, 0]  # b's one value, read on the host
+    assert step(0.0) == 2  # b's gradient is 0: every gradient is read, w is not 0
+    assert [step(1.0) for _ in range(AGAIN - 1)] == [1] * (AGAIN - 1)  # w is probed
+    assert [step(1.0) for _ in range(3)] == [0, 0, 0]  # b again
+
+
 def test_an_optimizer_whose_gradients_have_no_elements_has_no_zero_steps():
     """A gradient of zero elements holds no value that could be zero: vacuous."""
     autograd_guard.install({})

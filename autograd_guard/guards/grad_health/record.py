@@ -36,6 +36,7 @@ class Record:
         "kind",
         "known",
         "live",
+        "live_until",
         "lost_shapes",
         "no_loss",
         "pending",
@@ -82,6 +83,7 @@ class Record:
         self.sharing: Sharing | None = None  # the ranks that decide this step together
         self.shared_known = -1  # parameters counted when ``sharing`` was found
         self.live = -1  # the gradient probed for a value other than zero (grad_health.zero)
+        self.live_until = -1  # the step from which the smallest one is probed again
         self.zero_in_a_row = 0  # steps in a row whose every gradient was exactly zero
         self.zero_step = -1  # the last step counted for that streak
         self.suspect = False  # a probe read late said zero: read every gradient at once

@@ -15,7 +15,10 @@ the step is not touched), with what to check.
 Cost: one ``count_nonzero`` of one gradient (the smallest with an element, or the
 smallest last seen holding a value other than zero; a sparse one's stored values), read
 with the non-finite flag on CUDA (one sync for both); only a step whose probed gradient
-is all zero reads every gradient (one sync per device), and remembers which one was not.
+is all zero reads every gradient (one sync per device), and remembers which one was not,
+for ``AGAIN`` steps: then the smallest is probed again (a one-value CPU gradient is read
+without a kernel; a model whose last bias was exactly 0 at one step would otherwise pay a
+``count_nonzero`` of a larger gradient at every step after, ~7 us in a short CPU step).
 Gradients without elements are never probed and never make a zero step. Where the flag is
 left on the device (a fused optimizer lent it, observe on CUDA) the probe travels with it
 and is read when it is ready; one that reads zero makes the next steps read every gradient
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.dist import Sharing
     from autograd_guard.guards.grad_health.record import Record
 
+AGAIN = 64  # steps the probe stays on a larger gradient before trying the smallest
 # Named only where PyTorch3D's renderer is imported: elsewhere it is no lead.
 _HARD_SILHOUETTE = (
     ": PyTorch3D's SoftSilhouetteShader with blur_radius=0 and sigma near 0, where "
@@ -71,6 +75,8 @@ def probe(record: Record, grads: list[Any]) -> Probe | None:
     zero step, like a step without gradients) and for tensors that hold no values
     (meta, fake)."""
     torch = sys.modules["torch"]
+    if 0 <= record.live_until <= record.step:  # the smallest may hold a value again
+        record.live = record.live_until = -1
     if not 0 <= record.live < len(grads) or not grads[record.live].numel():
         sized = [i for i, grad in enumerate(grads) if grad.numel()]  # a sparse one's shape
         if not sized:
@@ -105,6 +111,7 @@ def all_zero(record: Record, grads: list[Any], flag: Probe | None) -> bool:
     if not nonzero:
         return True
     record.live = min(nonzero, key=lambda i: grads[i].numel())  # the cheapest to probe
+    record.live_until = record.step + AGAIN
     return False
 
 
