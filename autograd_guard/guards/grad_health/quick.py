@@ -1,6 +1,7 @@
 """The common step in one frame: one process, a plain optimizer whose every parameter has
-had its first gradient, no closure, no GradScaler, gradients on one device that AMP's
-kernel reads. ``StepFlow._check`` decides such a step the same way, through a dozen
+had its first gradient, no closure, no GradScaler, gradients whose flag is read at once
+(not CUDA's, which the full check may lend to a fused optimizer). ``StepFlow._check``
+decides such a step the same way (the same ``FiniteCheck.all_finite``), through a dozen
 helpers; in a short step (a small model on the CPU) their calls cost more than the
 check's kernel, so the healthy case takes this path, and everything else (a first step,
 a lost-gradient window, ranks that decide together, a localiser armed, a flag lent to a
@@ -60,7 +61,7 @@ class QuickFlow:
         if not grads or type(grads[0]) is not sys.modules["torch"].Tensor:
             return None
         slot = self._finite.slot(grads[0].device)
-        if not slot.kernel or slot.deferred:
+        if slot.deferred:  # the flag may stay on the device (CUDA): the full check lends it
             return None
         # as _step_starts and _check do, in their order
         record.step += 1
