@@ -12,7 +12,7 @@ import sys
 import threading
 
 from autograd_guard.errors import GuardError, Refused
-from autograd_guard.guards.grad_health import usage, zero
+from autograd_guard.guards.grad_health import usage
 from autograd_guard.guards.grad_health.check import PendingFlag
 from autograd_guard.guards.grad_health.closure import ClosureFlow
 from autograd_guard.guards.grad_health.dist import local_gradient
@@ -206,13 +206,7 @@ class StepFlow(QuickFlow, SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
                 return RUN
         local = grads if plain else [local_gradient(g) for g in grads]
         flag = self._zero_probe(record, local) if sharing is None else None
-        if self._finite.all_finite(local, slot, flag):
-            record.in_a_row = 0
-            if flag is not None:
-                self._zero_counted(optimizer, record, zero.all_zero(record, local, flag))
-            return RUN
-        bad = [p for p in consumed if p.grad is not None]
-        return self._nonfinite(optimizer, record, bad, gated=gated, evaluation=evaluation)
+        return self._verdict(optimizer, record, consumed, local, slot, flag, gated, evaluation)
 
     def _lost_check(self, optimizer: Any, record: Record, params: list[Any]) -> None:
         lost_steps = self.config["lost_steps"]

@@ -16,25 +16,28 @@ import sys
 
 from autograd_guard.guards.grad_health import zero
 from autograd_guard.guards.grad_health.gate import RUN
+from autograd_guard.guards.grad_health.step import params_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from autograd_guard.guards.grad_health.check import FiniteCheck
+    from autograd_guard.guards.grad_health.check import FiniteCheck, Probe, Slot
+    from autograd_guard.guards.grad_health.closure import Evaluation
     from autograd_guard.guards.grad_health.record import Record, Records
 
 
 class QuickFlow:
     """``_quick``: the verdict on a common step, or None (nothing done: the full check
-    decides)."""
+    decides); ``_verdict``: the end both paths share."""
 
     config: dict[str, Any]
     _records: Records
     _finite: FiniteCheck
     _probe: Any
     _nonfinite: Callable[..., object]
+    _zero_probe: Callable[..., Probe | None]
     _zero_counted: Callable[..., None]
 
     def _quick(
@@ -52,7 +55,7 @@ class QuickFlow:
             or not self.config["nonfinite"]
         ):
             return None
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+        params = params_of(optimizer)
         if record.shared_known != len(params) or (
             len(params) != record.known and self.config["lost_steps"]
         ):
@@ -68,14 +71,26 @@ class QuickFlow:
         self._records.steps += 1
         record.evaluations = 0
         record.empty = 0
-        flag = zero.probe(record, grads) if self.config["zero_steps"] else None
-        if not self._finite.all_finite(grads, slot, flag):
-            bad = [p for p in params if p.grad is not None]
-            return self._nonfinite(optimizer, record, bad, gated=gated, evaluation=None)
-        record.in_a_row = 0
-        if flag is not None:
-            if flag.read():  # the common case of zero.counts: a streak broken
-                record.zero_step, record.zero_in_a_row = record.step, 0
-            else:
+        flag = self._zero_probe(record, grads)
+        return self._verdict(optimizer, record, params, grads, slot, flag, gated, None)
+
+    def _verdict(
+        self,
+        optimizer: Any,
+        record: Record,
+        consumed: list[Any],
+        grads: list[Any],
+        slot: Slot | None,
+        flag: Probe | None,
+        gated: bool,
+        evaluation: Evaluation | None,
+    ) -> object:
+        """The verdict on the gradients the step consumes (``grads``, read once): RUN with
+        the zero streak counted, or what ``_nonfinite`` says. Both paths end here."""
+        if self._finite.all_finite(grads, slot, flag):
+            record.in_a_row = 0
+            if flag is not None:
                 self._zero_counted(optimizer, record, zero.all_zero(record, grads, flag))
-        return RUN
+            return RUN
+        bad = [p for p in consumed if p.grad is not None]
+        return self._nonfinite(optimizer, record, bad, gated=gated, evaluation=evaluation)
