@@ -7,6 +7,7 @@ that its wrapper is in place). Each child alternates blocks of launches with the
 installed and uninstalled, and reports the median per-call time of each.
 
     python scripts/bench_warp.py [--calls 2000 --blocks 15] [--only tape --clock cpu]
+        [--warp 1.5.1 1.19.0]
 """
 
 from __future__ import annotations
@@ -153,15 +154,23 @@ def timed(fn):
     count = out if isinstance(out, int) else 1
     return (total if per == 0.0 else per) / reps / count * 1e6
 
+# The wrapper's floor: the same tape with a check that notes nothing, sees no write and
+# mends nothing (what any per-launch Python check costs here, before its own work).
+from autograd_guard.guards.warp_tape import WarpTape
+noting = WarpTape._launch_check
+FLOOR = "warp_tape: tape of 10 launches recording, per launch, floor: a check doing nothing"
+
 cases = {{
     "warp_tape: launch, no tape, per launch": no_tape,
     "warp_tape: tape of 10 launches recording, per launch": tape_of_10,
+    FLOOR: tape_of_10,
     "warp_tape: copy-on-write, overwritten array of 10 floats": overwrite(10),
     "warp_tape: copy-on-write, overwritten array of 1M floats": overwrite(1_000_000),
     "warp_tape: backward() of 10 launches, nothing overwritten": backward,
 }}
 results = {{}}
 for name, fn in cases.items():
+    WarpTape._launch_check = (lambda self, instance, args, kwargs: False) if name == FLOOR else noting
     autograd_guard.install(policy); timed(fn); autograd_guard.uninstall(); timed(fn)
     bare, guarded = [], []
     for block in range(blocks):
@@ -179,7 +188,11 @@ TAPE_GOALS = {"warp_tape: tape of 10 launches recording, per launch": "<= +1.5 u
 
 def _child(version: str, source: str, cache: str) -> dict:
     folder = thirdparty.install(f"warp-{version}")
-    env = {**os.environ, "PYTHONPATH": str(folder), "WARP_CACHE_PATH": cache}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(folder), os.environ.get("PYTHONPATH")))),
+        "WARP_CACHE_PATH": cache,
+    }
     env.pop("AUTOGRAD_GUARD", None)
     script = Path(cache) / "bench_child.py"  # Warp reads kernel source from a file
     script.write_text(source)
@@ -189,10 +202,15 @@ def _child(version: str, source: str, cache: str) -> dict:
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
-def measure_tape(reps: int = 200, blocks: int = 11, clock: str = "wall") -> list[Row]:
+VERSIONS = ("1.5.1", "1.19.0")
+
+
+def measure_tape(
+    reps: int = 200, blocks: int = 11, clock: str = "wall", versions: tuple[str, ...] = VERSIONS
+) -> list[Row]:
     cache = tempfile.mkdtemp(prefix="warp-cache-")
     rows = []
-    for version in ("1.5.1", "1.19.0"):
+    for version in versions:
         result = _child(
             version, TAPE_CHILD.format(reps=reps, blocks=blocks, clock=CLOCKS[clock]), cache
         )
@@ -202,13 +220,19 @@ def measure_tape(reps: int = 200, blocks: int = 11, clock: str = "wall") -> list
     return rows
 
 
-def measure(calls: int = 2000, blocks: int = 15) -> list[Row]:
+def measure(calls: int = 2000, blocks: int = 15, versions: tuple[str, ...] = VERSIONS) -> list[Row]:
     cache = tempfile.mkdtemp(prefix="warp-cache-")
     rows = []
     goals = {"launch, no tape": "<= +1.5 us, ~<= 1.15x"}
-    for version in ("1.5.1", "1.19.0"):
+    for version in versions:
         folder = thirdparty.install(f"warp-{version}")
-        env = {**os.environ, "PYTHONPATH": str(folder), "WARP_CACHE_PATH": cache}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, (str(folder), os.environ.get("PYTHONPATH")))
+            ),
+            "WARP_CACHE_PATH": cache,
+        }
         env.pop("AUTOGRAD_GUARD", None)
         script = Path(cache) / "bench_child.py"  # Warp reads kernel source from a file
         script.write_text(CHILD.format(calls=calls, blocks=blocks))
@@ -237,15 +261,23 @@ def main() -> None:
         help="the tape rows' clock (cpu: "
         "this thread's CPU time, steadier on a machine shared with other work)",
     )
+    parser.add_argument(
+        "--warp",
+        nargs="+",
+        choices=VERSIONS,
+        default=VERSIONS,
+        help="the Warp versions to run (installed in thirdparty's cache on first use)",
+    )
     args = parser.parse_args()
+    versions = tuple(args.warp)
     if args.only != "tape":
         print_table(
-            measure(args.calls, args.blocks),
+            measure(args.calls, args.blocks, versions),
             "wp.launch of a trivial kernel, dim=10, CPU: bare vs wrapped (guard forced on)",
         )
     if args.only != "torch_args":
         print_table(
-            measure_tape(max(args.calls // 10, 20), args.blocks, args.clock),
+            measure_tape(max(args.calls // 10, 20), args.blocks, args.clock, versions),
             "warp_tape alone, CPU: bare vs guarded (medians of interleaved blocks)",
         )
 

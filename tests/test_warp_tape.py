@@ -35,7 +35,17 @@ def arr(values, grad=False):
 # One tape per write: y, read by sq_loss, is overwritten before backward() by each of the
 # writes the guard sees, one of them a launch recorded on the same tape. The gradient of
 # the program as written is that of x and t.
-KINDS = ["launch", "recorded launch", "copy", "assign", "fill_", "zero_", "numpy"]
+KINDS = [
+    "launch",
+    "recorded launch",
+    "launch by position",
+    "recorded by position",
+    "copy",
+    "assign",
+    "fill_",
+    "zero_",
+    "numpy",
+]
 WRITES = (
     PREAMBLE
     + KERNELS
@@ -47,6 +57,8 @@ x, t, xv = arr([1.0, 2.0, 3.0]), arr([2.0, 4.0, 7.0]), arr([10.0, 20.0, 30.0])
 def overwrite(kind, y, w):
     if kind == "launch":
         wp.launch(predict, 3, inputs=[w, xv], outputs=[y])  # WRITE
+    elif kind == "launch by position":
+        wp.launch(predict, 3, [w, xv], [y])  # WRITE
     elif kind == "copy":
         wp.copy(y, xv)  # WRITE
     elif kind == "assign":
@@ -71,6 +83,8 @@ for kind in ["none", *KINDS, "numpy read"]:
                 wp.launch(sq_loss, 3, inputs=[y, t], outputs=[loss])  # READ
                 if kind == "recorded launch":
                     wp.launch(predict, 3, inputs=[w, xv], outputs=[y])  # WRITE
+                elif kind == "recorded by position":  # its reads and its write
+                    wp.launch(predict, 3, [w, xv], [y])  # WRITE
             overwrite(kind, y, w)
             current = y.numpy().tolist()
             tape.backward(loss)  # BACKWARD
@@ -134,8 +148,11 @@ def test_observe_names_the_write_and_strict_raises_at_backward(tmp_path, warp_ca
         assert observed[kind]["grad"] == unguarded[kind]["grad"], kind  # observed, not fixed
         [event] = observed[kind]["events"]
         assert "fix gives each launch" in event["event"]
+        launched = "launch" in kind or "position" in kind
         assert event["arrays"][0]["written_by"].startswith(
-            {"launch": "wp.launch of predict", "numpy": "a write through"}.get(kind, "")
+            "wp.launch of predict (output 'y')"
+            if launched
+            else {"numpy": "a write through"}.get(kind, "")
         )
         assert strict[kind]["error"].startswith("GuardError: autograd-guard [warp_tape]")
         assert "'y'" in strict[kind]["error"]
