@@ -355,6 +355,55 @@ def test_a_flag_left_on_the_device_carries_the_probe(monkeypatch, mode, optimize
     assert events == []  # three zero steps at most, then a gradient
 
 
+def deferred_streaks(monkeypatch, pattern: str, late: bool = False) -> list[tuple[int, int]]:
+    """The CUDA path on the CPU: each step's flag and probe are left on the device and read
+    once ready; ``late``: never in their own step (a GPU still busy at its post-hook).
+    ``pattern``: R a gradient, Z an all-zero step. The steps where a streak is said."""
+    from autograd_guard.guards.grad_health import check as _grad_check
+
+    monkeypatch.setattr(_grad_check, "DEFERRED_DEVICE_TYPES", {"cpu", "cuda"})
+    asked: set[int] = set()
+
+    def ready(pending) -> bool:  # not ready when first asked: read a step late
+        first = id(pending) not in asked
+        asked.add(id(pending))
+        return not first
+
+    if late:
+        monkeypatch.setattr(_grad_check.PendingFlag, "ready", ready)
+    autograd_guard.install({"mode": "observe", "guards": {"grad_health": {"zero_steps": 3}}})
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.Adam([w], lr=0.1)
+    said, seen = [], 0
+    with capture_events() as events:  # each streak's call site counts as new again
+        for step, kind in enumerate(pattern):
+            opt.zero_grad()
+            (w * float(kind == "R")).sum().backward()
+            opt.step()
+            said += [step for e in events[seen:] if e["action"] == "zero_gradient"]
+            seen = len(events)
+    return said
+
+
+def test_a_flag_read_in_its_own_step_counts_that_step(monkeypatch):
+    """Read at the step's end (the gradients are still the step's): each step counts where
+    it happened, so a streak is said at its third step, and one of exactly three is said."""
+    assert deferred_streaks(monkeypatch, "ZZZZ") == [2]
+    assert deferred_streaks(monkeypatch, "RZZZR") == [3]
+    assert deferred_streaks(monkeypatch, "RZZRZZR") == []
+
+
+def test_a_flag_read_late_counts_the_streak_from_the_first_step_read_at_once(monkeypatch):
+    """Read late (a GPU still busy at the step's end; here, at the next step's end): that
+    step's gradients are gone by then, so the steps are counted from the first one read
+    at once, the step after the late read. Said two steps late, never early: what it says
+    of the steps it counted stays true."""
+    assert deferred_streaks(monkeypatch, "ZZZZ", late=True) == []
+    assert deferred_streaks(monkeypatch, "ZZZZZ", late=True) == [4]
+    assert deferred_streaks(monkeypatch, "RZZZZR", late=True) == []
+    assert deferred_streaks(monkeypatch, "RZZZZZR", late=True) == [5]
+
+
 def test_on_cuda_the_probe_is_read_with_the_finite_flag(monkeypatch):
     """One read for both: the fused check on a CUDA slot (its device faked) fills in the
     probe's answer, so that no second read is made."""

@@ -231,7 +231,7 @@ class StepFlow(QuickFlow, SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
     def _step_done(self, optimizer: Any, record: Record | None) -> None:
         try:
             if record is not None and (record.flag is not None or record.pending):
-                self._step_over(optimizer, record)
+                self._step_over(optimizer, record, ended=True)
             probe = self._probe
             if probe is not None and probe.step_done():
                 self._probe_finished(probe)
@@ -239,7 +239,9 @@ class StepFlow(QuickFlow, SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
         except Exception as exc:  # fail open
             self.fail("after step", exc)
 
-    def _step_over(self, optimizer: Any, record: Record) -> None:
+    def _step_over(self, optimizer: Any, record: Record, ended: bool = False) -> None:
+        """The flags left on the device, read once ready; ``ended``: at the end of a step
+        (its post-hooks), where that step's gradients are still current."""
         if record.flag is not None:
             if optimizer.__dict__.get("found_inf") is record.flag:
                 del optimizer.__dict__["found_inf"]
@@ -248,7 +250,9 @@ class StepFlow(QuickFlow, SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
             step, pending = record.pending.popleft()
             if not pending.nonfinite():
                 record.in_a_row = 0
-                record.suspect = record.suspect or pending.probed_zero()
+                if pending.probed_zero():  # read at its step's end, the step is counted
+                    own = ended and step == record.step
+                    self._zero_read(optimizer, record) if own else self._zero_late(record)
             elif step == record.step:  # read in its own step: its gradients are current
                 params = [p for p in params_of(optimizer) if p.grad is not None]
                 self._nonfinite(optimizer, record, params, on_device=True)

@@ -35,6 +35,7 @@ from autograd_guard.guards.grad_health.check import (
     Probe,
     gradient_values,
 )
+from autograd_guard.guards.grad_health.step import params_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -156,6 +157,22 @@ class ZeroFlow:
             sharing is None or sharing.first  # a group's finding: its first rank logs
         ):
             self._zero_streak(optimizer, record, sharing.ranks if sharing is not None else None)
+
+    def _zero_read(self, optimizer: Any, record: Record) -> None:
+        """A flag left on the device, read at the end of its own step: its probe read zero.
+        The step's gradients are still current: every one is read now (a sync), and the
+        step counted; while they are all zero, the next steps are read at once."""
+        grads = [g for p in params_of(optimizer) if (g := p.grad) is not None]
+        flag = self._zero_probe(record, grads) if grads else None
+        if flag is not None:
+            record.suspect = all_zero(record, grads, flag)
+            self._zero_counted(optimizer, record, record.suspect)
+
+    @staticmethod
+    def _zero_late(record: Record) -> None:
+        """Read a step late (a GPU still busy at its step's end): that step's gradients
+        are gone, so it is not counted; the next steps are read at once and counted."""
+        record.suspect = True
 
     def _zero_suspected(self, optimizer: Any, record: Record, grads: list[Any]) -> None:
         """A flag left on the device: a step after one whose probe read zero reads every
