@@ -404,6 +404,83 @@ def test_a_flag_read_late_counts_the_streak_from_the_first_step_read_at_once(mon
     assert deferred_streaks(monkeypatch, "RZZZZZR", late=True) == [5]
 
 
+class ZeroingSGD(torch.optim.SGD):
+    """Zeroes its gradients in place in its own step."""
+
+    def step(self, closure=None):
+        out = super().step(closure)
+        self.zero_grad(set_to_none=False)
+        return out
+
+
+class FreeingAdam(torch.optim.Adam):
+    """Frees its gradients in its own step."""
+
+    def step(self, closure=None):
+        out = super().step(closure)
+        self.zero_grad(set_to_none=True)
+        return out
+
+
+def deferred_said(monkeypatch, optimizer, losses) -> list[int]:
+    """The steps where a streak (zero_steps=3) is said on the deferred path (observe),
+    each step's flag ready at its end; ``losses(w, b, step)`` is that step's loss."""
+    from autograd_guard.guards.grad_health import check as _grad_check
+
+    monkeypatch.setattr(_grad_check, "DEFERRED_DEVICE_TYPES", {"cpu", "cuda"})
+    autograd_guard.install({"mode": "observe", "guards": {"grad_health": {"zero_steps": 3}}})
+    w, b = torch.nn.Parameter(torch.ones(8)), torch.nn.Parameter(torch.zeros(1))
+    opt = optimizer([w, b], lr=0.01)
+    said, seen = [], 0
+    with capture_events() as events:
+        for step in range(6):
+            losses(w, b, step).backward()
+            opt.step()
+            opt.zero_grad()
+            said += [step for e in events[seen:] if e["action"] == "zero_gradient"]
+            seen = len(events)
+    return said
+
+
+def test_a_step_whose_optimizer_changes_its_gradients_is_not_counted_at_its_end(monkeypatch):
+    """An optimizer that zeroes (or frees) the gradients in its step: what is read at the
+    step's end is not what the step consumed. Step 0's w gradient was not zero (only the
+    probed b's was): it must not count. The next step is then read before it runs, so
+    the streak of steps 1-5 is said at its third step, step 3, as on the eager path."""
+
+    def r_then_zero(w, b, step):
+        return (w * w).sum() * float(step == 0) + 0.0 * b.sum()
+
+    assert deferred_said(monkeypatch, ZeroingSGD, r_then_zero) == [3]
+    autograd_guard.uninstall()
+    assert deferred_said(monkeypatch, FreeingAdam, r_then_zero) == [3]
+
+
+def test_a_closure_step_counts_by_its_first_evaluation_on_the_deferred_path(monkeypatch):
+    """LBFGS solving a hinge exactly in step 0: its first evaluation's gradient was 1.0,
+    its last one's 0. Step 0 is not a zero step; steps 1-3 are, said at step 3."""
+    from autograd_guard.guards.grad_health import check as _grad_check
+
+    monkeypatch.setattr(_grad_check, "DEFERRED_DEVICE_TYPES", {"cpu", "cuda"})
+    autograd_guard.install({"mode": "observe", "guards": {"grad_health": {"zero_steps": 3}}})
+    w = torch.nn.Parameter(torch.tensor([2.0]))
+    opt = torch.optim.LBFGS([w], lr=1.0, max_iter=5)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.relu(w - 1).sum()  # a hinge: gradient 1 above 1, exactly 0 at or below
+        loss.backward()
+        return loss
+
+    said = []
+    with capture_events() as events:
+        for step in range(5):
+            opt.step(closure)
+            said += [step for e in events if e["action"] == "zero_gradient"]
+            events.clear()
+    assert said == [3]
+
+
 def test_on_cuda_the_probe_is_read_with_the_finite_flag(monkeypatch):
     """One read for both: the fused check on a CUDA slot (its device faked) fills in the
     probe's answer, so that no second read is made."""

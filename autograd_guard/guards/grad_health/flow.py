@@ -21,7 +21,7 @@ from autograd_guard.guards.grad_health.quick import QuickFlow
 from autograd_guard.guards.grad_health.step import closure_of, params_of
 from autograd_guard.guards.grad_health.together import SharedFlow
 from autograd_guard.guards.grad_health.usage import UsageFlow
-from autograd_guard.guards.grad_health.zero import ZeroFlow
+from autograd_guard.guards.grad_health.zero import ZeroFlow, held
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -154,6 +154,7 @@ class StepFlow(QuickFlow, SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
         record.step += 1
         self._records.steps += 1
         record.evaluations = 0
+        record.probed = None  # a step that raised left its gradients there
         if record.site is None:  # once per optimizer: for what is said of it at exit
             record.kind, record.site = type(optimizer).__name__, self._sites.site(optimizer)
         # optimizer.step() with no argument, the common case, has no closure
@@ -246,13 +247,14 @@ class StepFlow(QuickFlow, SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
             if optimizer.__dict__.get("found_inf") is record.flag:
                 del optimizer.__dict__["found_inf"]
             record.flag = None
+        probed, record.probed = record.probed, None  # held for this step's end only
         while record.pending and record.pending[0][1].ready():
             step, pending = record.pending.popleft()
             if not pending.nonfinite():
                 record.in_a_row = 0
                 if pending.probed_zero():  # read at its step's end, the step is counted
                     own = ended and step == record.step
-                    self._zero_read(optimizer, record) if own else self._zero_late(record)
+                    self._zero_read(optimizer, record, probed if own else None)
             elif step == record.step:  # read in its own step: its gradients are current
                 params = [p for p in params_of(optimizer) if p.grad is not None]
                 self._nonfinite(optimizer, record, params, on_device=True)
@@ -284,6 +286,7 @@ class StepFlow(QuickFlow, SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
         if lend:
             optimizer.found_inf = record.flag = flag
         probe = self._zero_probe(record, grads) if not record.suspect else None
+        held(record, grads, probe)
         record.pending.append((record.step, PendingFlag(flag, probe)))
         return True
 

@@ -40,6 +40,7 @@ class Record:
         "lost_shapes",
         "no_loss",
         "pending",
+        "probed",
         "ran",
         "shared_known",
         "sharing",
@@ -87,6 +88,9 @@ class Record:
         self.zero_in_a_row = 0  # steps in a row whose every gradient was exactly zero
         self.zero_step = -1  # the last step counted for that streak
         self.suspect = False  # a probe read late said zero: read every gradient at once
+        # the gradients a probe left on the device was made for, and their versions: the
+        # step's end counts that step only if they are the same (grad_health.zero)
+        self.probed: tuple[list[Any], list[int]] | None = None
 
     def lost(self, params: list[Any], window: int) -> list[Any]:
         """Parameters that got no gradient for ``window`` steps while others did (each

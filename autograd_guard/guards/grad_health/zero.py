@@ -116,6 +116,21 @@ def all_zero(record: Record, grads: list[Any], flag: Probe | None) -> bool:
     return False
 
 
+def held(record: Record, grads: list[Any], probe: Probe | None) -> None:
+    """Keep, until the step's end, the gradients a probe left on the device was made for,
+    with their versions; a closure's first evaluation only (a later one makes them again)."""
+    record.probed = None
+    if probe is not None and record.evaluations < 2:
+        record.probed = (grads, [g._version for g in grads])
+
+
+def unchanged(grads: list[Any], before: list[Any], versions: list[int]) -> bool:
+    """The same gradient tensors as ``before``, none written in place since."""
+    return len(grads) == len(before) and all(
+        g is b and g._version == v for g, b, v in zip(grads, before, versions, strict=True)
+    )
+
+
 def counts(record: Record, zero: bool, steps: int) -> bool:
     """Count this step (once, however many closure evaluations it has); True when a
     streak of ``steps`` all-zero steps has just been reached."""
@@ -158,21 +173,23 @@ class ZeroFlow:
         ):
             self._zero_streak(optimizer, record, sharing.ranks if sharing is not None else None)
 
-    def _zero_read(self, optimizer: Any, record: Record) -> None:
-        """A flag left on the device, read at the end of its own step: its probe read zero.
-        The step's gradients are still current: every one is read now (a sync), and the
-        step counted; while they are all zero, the next steps are read at once."""
+    def _zero_read(
+        self, optimizer: Any, record: Record, probed: tuple[list[Any], list[int]] | None
+    ) -> None:
+        """A flag left on the device, read once ready: its probe read zero. At the end of
+        its own step, with the gradients the probe was made for still there and unchanged
+        (``probed``: the same tensors at the same versions; an optimizer may change or
+        free them in its step), every one is read now (a sync) and the step counted.
+        Otherwise that step's gradients are gone: it is not counted, and the next steps
+        are read at once, before they run (``_zero_suspected``)."""
         grads = [g for p in params_of(optimizer) if (g := p.grad) is not None]
-        flag = self._zero_probe(record, grads) if grads else None
+        if probed is None or not unchanged(grads, *probed):
+            record.suspect = True
+            return
+        flag = self._zero_probe(record, grads)
         if flag is not None:
             record.suspect = all_zero(record, grads, flag)
             self._zero_counted(optimizer, record, record.suspect)
-
-    @staticmethod
-    def _zero_late(record: Record) -> None:
-        """Read a step late (a GPU still busy at its step's end): that step's gradients
-        are gone, so it is not counted; the next steps are read at once and counted."""
-        record.suspect = True
 
     def _zero_suspected(self, optimizer: Any, record: Record, grads: list[Any]) -> None:
         """A flag left on the device: a step after one whose probe read zero reads every
