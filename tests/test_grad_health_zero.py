@@ -398,6 +398,10 @@ def test_a_flag_read_late_counts_the_streak_from_the_first_step_read_at_once(mon
     step's gradients are gone by then, so the steps are counted from the first one read
     at once, the step after the late read. Said two steps late, never early: what it says
     of the steps it counted stays true."""
+    from autograd_guard.guards.grad_health.check import FiniteCheck
+
+    if not FiniteCheck().slot(torch.device("cpu")).kernel:  # no flag left on the device
+        pytest.skip(f"torch {torch.__version__} has no fused non-finite check on the CPU")
     assert deferred_streaks(monkeypatch, "ZZZZ", late=True) == []
     assert deferred_streaks(monkeypatch, "ZZZZZ", late=True) == [4]
     assert deferred_streaks(monkeypatch, "RZZZZR", late=True) == []
