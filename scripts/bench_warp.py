@@ -186,14 +186,19 @@ CLOCKS = {"wall": "perf_counter", "cpu": "thread_time"}
 TAPE_GOALS = {"warp_tape: tape of 10 launches recording, per launch": "<= +1.5 us"}
 
 
-def _child(version: str, source: str, cache: str) -> dict:
-    folder = thirdparty.install(f"warp-{version}")
+def _child_env(version: str, cache: str) -> dict[str, str]:
+    """A benchmark child's environment: this Warp version first on its path, no auto-load."""
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, (str(folder), os.environ.get("PYTHONPATH")))),
+        "PYTHONPATH": thirdparty.first_on_path(thirdparty.install(f"warp-{version}")),
         "WARP_CACHE_PATH": cache,
     }
     env.pop("AUTOGRAD_GUARD", None)
+    return env
+
+
+def _child(version: str, source: str, cache: str) -> dict:
+    env = _child_env(version, cache)
     script = Path(cache) / "bench_child.py"  # Warp reads kernel source from a file
     script.write_text(source)
     child = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
@@ -225,15 +230,7 @@ def measure(calls: int = 2000, blocks: int = 15, versions: tuple[str, ...] = VER
     rows = []
     goals = {"launch, no tape": "<= +1.5 us, ~<= 1.15x"}
     for version in versions:
-        folder = thirdparty.install(f"warp-{version}")
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, (str(folder), os.environ.get("PYTHONPATH")))
-            ),
-            "WARP_CACHE_PATH": cache,
-        }
-        env.pop("AUTOGRAD_GUARD", None)
+        env = _child_env(version, cache)
         script = Path(cache) / "bench_child.py"  # Warp reads kernel source from a file
         script.write_text(CHILD.format(calls=calls, blocks=blocks))
         child = subprocess.run(

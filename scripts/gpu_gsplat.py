@@ -14,6 +14,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from thirdparty import first_on_path
 
 CHILD = """
 import json, os, torch
@@ -52,7 +56,7 @@ print(json.dumps({"version": gsplat.__version__, "results": out}))
 def main() -> int:
     env = dict(os.environ)
     if len(sys.argv) > 1:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [sys.argv[1], env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = first_on_path(sys.argv[1])
     results = {}
     for guarded in ("0", "1"):
         child = subprocess.run(

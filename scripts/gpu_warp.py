@@ -26,6 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from thirdparty import first_on_path
+
 CHILD = """
 import json, os, torch
 import autograd_guard
@@ -182,11 +185,6 @@ print(json.dumps(out))
 """
 
 
-def _path(folder: str) -> str:
-    """The warp install first, then the caller's own path (the package may come from it)."""
-    return os.pathsep.join(filter(None, (folder, os.environ.get("PYTHONPATH"))))
-
-
 def _close(a: list[float], b: list[float]) -> bool:
     return all(abs(x - y) <= 1e-5 + 1e-5 * abs(y) for x, y in zip(a, b, strict=True))
 
@@ -200,7 +198,7 @@ def tape_checks(folder: str, work: Path) -> int:
         env = {**os.environ, "TEST_POLICY": json.dumps(policy)}
         env["WARP_CACHE_PATH"] = str(work / "cache")
         if folder:
-            env["PYTHONPATH"] = _path(folder)
+            env["PYTHONPATH"] = first_on_path(folder)
         child = subprocess.run(
             [sys.executable, str(script)], env=env, capture_output=True, text=True
         )
@@ -239,7 +237,7 @@ def main() -> int:
                 "WARP_CACHE_PATH": str(work / "cache"),
             }
             if folder:
-                env["PYTHONPATH"] = _path(folder)
+                env["PYTHONPATH"] = first_on_path(folder)
             child = subprocess.run(
                 [sys.executable, str(script)], env=env, capture_output=True, text=True
             )

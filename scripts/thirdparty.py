@@ -83,6 +83,12 @@ def install(name: str) -> Path:
     return folder
 
 
+def first_on_path(folder: str | Path) -> str:
+    """``PYTHONPATH`` for a child with ``folder`` first, then the caller's own entries (the
+    package under test, and what it needs, may come from them)."""
+    return os.pathsep.join(filter(None, (str(folder), os.environ.get("PYTHONPATH"))))
+
+
 # "installed": use the environment's own PyTorch3D, compiled extension included (the nox
 # session of PyTorch3D's wheel sets it); unset: the cached copy of its Python code.
 PYTORCH3D_ENV = "AUTOGRAD_GUARD_TEST_PYTORCH3D"
