@@ -182,14 +182,12 @@ class ZeroFlow:
         free them in its step), every one is read now (a sync) and the step counted.
         Otherwise that step's gradients are gone: it is not counted, and the next steps
         are read at once, before they run (``_zero_suspected``)."""
-        grads = [g for p in params_of(optimizer) if (g := p.grad) is not None]
-        if probed is None or not unchanged(grads, *probed):
-            record.suspect = True
+        record.suspect = True
+        if probed is None:
             return
-        flag = self._zero_probe(record, grads)
-        if flag is not None:
-            record.suspect = all_zero(record, grads, flag)
-            self._zero_counted(optimizer, record, record.suspect)
+        grads = [g for p in params_of(optimizer) if (g := p.grad) is not None]
+        if unchanged(grads, *probed):
+            self._zero_suspected(optimizer, record, grads)  # this step's, read now
 
     def _zero_suspected(self, optimizer: Any, record: Record, grads: list[Any]) -> None:
         """A flag left on the device: a step after one whose probe read zero reads every
