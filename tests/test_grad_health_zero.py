@@ -355,10 +355,11 @@ def test_a_flag_left_on_the_device_carries_the_probe(monkeypatch, mode, optimize
     assert events == []  # three zero steps at most, then a gradient
 
 
-def deferred_streaks(monkeypatch, pattern: str, late: bool = False) -> list[tuple[int, int]]:
-    """The CUDA path on the CPU: each step's flag and probe are left on the device and read
-    once ready; ``late``: never in their own step (a GPU still busy at its post-hook).
-    ``pattern``: R a gradient, Z an all-zero step. The steps where a streak is said."""
+def deferred_said(monkeypatch, losses, steps=6, optimizer=torch.optim.Adam, late=False):
+    """The CUDA path on the CPU (observe, zero_steps=3): each step's flag and probe are left
+    on the device and read once ready; ``late``: never in their own step (a GPU still busy
+    at its post-hook). ``losses(w, b, step)`` is each step's loss. The steps where a
+    streak is said."""
     from autograd_guard.guards.grad_health import check as _grad_check
 
     monkeypatch.setattr(_grad_check, "DEFERRED_DEVICE_TYPES", {"cpu", "cuda"})
@@ -372,17 +373,26 @@ def deferred_streaks(monkeypatch, pattern: str, late: bool = False) -> list[tupl
     if late:
         monkeypatch.setattr(_grad_check.PendingFlag, "ready", ready)
     autograd_guard.install({"mode": "observe", "guards": {"grad_health": {"zero_steps": 3}}})
-    w = torch.nn.Parameter(torch.ones(4))
-    opt = torch.optim.Adam([w], lr=0.1)
+    w, b = torch.nn.Parameter(torch.ones(8)), torch.nn.Parameter(torch.zeros(1))
+    opt = optimizer([w, b], lr=0.01)
     said, seen = [], 0
     with capture_events() as events:  # each streak's call site counts as new again
-        for step, kind in enumerate(pattern):
-            opt.zero_grad()
-            (w * float(kind == "R")).sum().backward()
+        for step in range(steps):
+            losses(w, b, step).backward()
             opt.step()
+            opt.zero_grad()
             said += [step for e in events[seen:] if e["action"] == "zero_gradient"]
             seen = len(events)
     return said
+
+
+def deferred_streaks(monkeypatch, pattern: str, late: bool = False) -> list[int]:
+    """``deferred_said`` of ``pattern``: R a gradient (w's alone), Z an all-zero step."""
+
+    def losses(w, b, step):
+        return (w * float(pattern[step] == "R")).sum()
+
+    return deferred_said(monkeypatch, losses, len(pattern), late=late)
 
 
 def test_a_flag_read_in_its_own_step_counts_that_step(monkeypatch):
@@ -426,26 +436,6 @@ class FreeingAdam(torch.optim.Adam):
         return out
 
 
-def deferred_said(monkeypatch, optimizer, losses) -> list[int]:
-    """The steps where a streak (zero_steps=3) is said on the deferred path (observe),
-    each step's flag ready at its end; ``losses(w, b, step)`` is that step's loss."""
-    from autograd_guard.guards.grad_health import check as _grad_check
-
-    monkeypatch.setattr(_grad_check, "DEFERRED_DEVICE_TYPES", {"cpu", "cuda"})
-    autograd_guard.install({"mode": "observe", "guards": {"grad_health": {"zero_steps": 3}}})
-    w, b = torch.nn.Parameter(torch.ones(8)), torch.nn.Parameter(torch.zeros(1))
-    opt = optimizer([w, b], lr=0.01)
-    said, seen = [], 0
-    with capture_events() as events:
-        for step in range(6):
-            losses(w, b, step).backward()
-            opt.step()
-            opt.zero_grad()
-            said += [step for e in events[seen:] if e["action"] == "zero_gradient"]
-            seen = len(events)
-    return said
-
-
 def test_a_step_whose_optimizer_changes_its_gradients_is_not_counted_at_its_end(monkeypatch):
     """An optimizer that zeroes (or frees) the gradients in its step: what is read at the
     step's end is not what the step consumed. Step 0's w gradient was not zero (only the
@@ -455,9 +445,9 @@ def test_a_step_whose_optimizer_changes_its_gradients_is_not_counted_at_its_end(
     def r_then_zero(w, b, step):
         return (w * w).sum() * float(step == 0) + 0.0 * b.sum()
 
-    assert deferred_said(monkeypatch, ZeroingSGD, r_then_zero) == [3]
+    assert deferred_said(monkeypatch, r_then_zero, optimizer=ZeroingSGD) == [3]
     autograd_guard.uninstall()
-    assert deferred_said(monkeypatch, FreeingAdam, r_then_zero) == [3]
+    assert deferred_said(monkeypatch, r_then_zero, optimizer=FreeingAdam) == [3]
 
 
 def test_a_closure_step_counts_by_its_first_evaluation_on_the_deferred_path(monkeypatch):
