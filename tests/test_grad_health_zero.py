@@ -363,11 +363,11 @@ def deferred_said(monkeypatch, losses, steps=6, optimizer=torch.optim.Adam, late
     from autograd_guard.guards.grad_health import check as _grad_check
 
     monkeypatch.setattr(_grad_check, "DEFERRED_DEVICE_TYPES", {"cpu", "cuda"})
-    asked: set[int] = set()
+    asked: dict[int, object] = {}  # holds each flag: no later one can take its id
 
     def ready(pending) -> bool:  # not ready when first asked: read a step late
         first = id(pending) not in asked
-        asked.add(id(pending))
+        asked[id(pending)] = pending
         return not first
 
     if late:
