@@ -11,7 +11,7 @@ import pytest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Generator, Iterator
     from typing import Any
 
 MODES = ("observe", "fix", "strict")  # "off" is not a way to run a guarded session
@@ -49,6 +49,49 @@ def pytest_configure(config: pytest.Config) -> None:
         environ = {**os.environ, "AUTOGRAD_GUARD": mode}
         _engine.install(_policy.load(None, available(environ), environ=environ))
         config._autograd_guard_installed = True  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
+    """Each test is a run of its own: after its call, what the exit would say of it is said
+    (a lost gradient in a test shorter than ``lost_steps``); in strict, such a finding fails
+    that test, as the finding's own exit status would fail a program."""
+    outcome = yield
+    if call.when != "call" or not getattr(item.config, "_autograd_guard_installed", False):
+        return
+    from autograd_guard._engine import engine as _engine
+
+    found = _engine.settle()
+    if found:
+        _fail(outcome.get_result(), found)
+
+
+def _fail(report: pytest.TestReport, found: list[dict[str, Any]]) -> None:
+    lines = ["autograd-guard strict: a finding at the end of this test (a program would end "]
+    lines[0] += "with exit status 3):"
+    for event in found:
+        lines.append(f"  [{event['guard']}/{event['action']}] {event['event']}")
+        lines.append(f"    at {event['callsite']}")
+        if event.get("remedy"):
+            lines.append(f"    remedy: {event['remedy']}")
+    text = "\n".join(lines)
+    if report.failed:  # the test failed already: the finding is told beside its failure
+        report.sections.append(("autograd-guard", text))
+    else:
+        report.outcome = "failed"
+        report.longrepr = text
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """What ran outside any test (a fixture's teardown, a module's code) is settled last;
+    a strict finding there fails the session with the exit status the variable gives."""
+    if getattr(session.config, "_autograd_guard_installed", False):
+        from autograd_guard._engine import engine as _engine
+
+        if _engine.settle() and not session.exitstatus:
+            session.exitstatus = 3
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

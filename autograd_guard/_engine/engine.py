@@ -176,6 +176,30 @@ def _uninstall() -> None:
     STATE.forget_install()
 
 
+def settle() -> list[dict[str, Any]]:
+    """The end of one run inside the process (a test of a guarded pytest session): each
+    guard that keeps a run's state says now what it would say of it at exit, and starts
+    afresh; call sites are logged anew after it. Returns the events that were strict
+    findings (the exit status they set is left to the caller: cleared here)."""
+    found: list[dict[str, Any]] = []
+
+    def listen(record: dict[str, Any]) -> None:
+        found.append(record)
+
+    before = STATE.exit_status
+    STATE.exit_status = 0
+    _events.add_listener(listen)
+    try:
+        for guard in list(STATE.guards):
+            if guard.active and hasattr(guard, "settle"):
+                guard.settle()
+    finally:
+        _events.remove_listener(listen)
+        failed, STATE.exit_status = STATE.exit_status, before
+        _events.reset()
+    return [e for e in found if e.get("level") == "error"] if failed else []
+
+
 def _exclusive(run: Callable[..., None], *args: Any) -> None:
     """Run ``run`` holding the engine's lock and, once ``torch._dynamo`` is imported,
     Dynamo's compile lock before it (one order): a torch.compile in another thread never

@@ -74,6 +74,7 @@ class Findings:
     _usage_at_exit: Callable[[Record], None]
     _repairs: Callable[[], bool]
     _repair_exit: Callable[[], None]
+    _repairer: Any
 
     def _nonfinite_remedy(self) -> str:
         """What to do, pointing only at events that will come."""
@@ -213,6 +214,20 @@ class Findings:
             callsite=self._probe_site or self._sites.site(None),
             remedy=find,
         )
+
+    def settle(self) -> None:
+        """The end of one run inside the process (a test of a guarded pytest session):
+        what the exit would say of the optimizers seen so far is said now, and they are
+        forgotten (each test is a run of its own; an optimizer that lives on starts anew)."""
+        self._at_exit()
+        records = self._records
+        for record in records.all():
+            if record.watch is not None:
+                record.watch.close()
+                record.watch = None
+        self._records = type(records)()
+        self._records.steps = records.steps
+        self._repairer = None
 
     def _at_exit(self) -> None:
         """The run is over: an armed localiser's last word, and parameters (or whole
