@@ -119,8 +119,10 @@ def test_commands_name_what_exists(path):
     commands = _commands(path)
     assert commands or path.name not in ("README.md", "getting-started.md")
     for folder, (program, *rest) in commands:
-        if program == "python" and rest[:1] == ["-m"]:
+        if program in ("python", "python3") and rest[:1] == ["-m"]:
             assert find_spec(rest[1]) is not None, rest
+        elif program == ".":  # a venv made on the same line is activated
+            assert rest == [".venv/bin/activate"], rest
         elif program == "python":
             assert (folder / rest[0]).is_file(), rest
         elif program == "autograd-guard":

@@ -37,7 +37,7 @@ def test_stderr_shows_one_short_line_per_event(capsys, tmp_path):
             _events.reset()
     assert capsys.readouterr().err == (
         "autograd-guard warning: [grad_mode/enable_grad] stage entered with grad disabled at "
-        "train.py:12 | remedy: call the stage inside 'with torch.enable_grad():'\n"
+        "train.py:12\n    remedy: call the stage inside 'with torch.enable_grad():'\n"
     )
     record = json.loads((tmp_path / "events.jsonl").read_text())
     assert record["pid"] and record["process"] and record["target"] == "fitlib.train:fit"
@@ -77,14 +77,17 @@ def test_rules_that_never_attached_are_named_once_at_exit(tmp_path):
         sys.executable, PROGRAM.format(torch="import torch"), tmp_path, PYTHONPATH=path
     )
     lines = result.stderr.splitlines()
-    assert lines[0] == (
+    assert len(lines[0]) <= 200 and lines[0].endswith(f" at {policy}")
+    said = " ".join(line.strip() for line in lines[:3]).replace(f" at {policy}", "", 1)
+    assert said == (
         "autograd-guard warning: [autograd_guard/unattached_rules] rules never attached "
-        f"(their module was never imported): fitlib.trian:fit ({policy}: rules[0]), "
-        f"fitlib.kernels:splat ({policy}: rules[2]) at {policy} | remedy: check each rule's "
+        f"(their module was never imported) fitlib.trian:fit ({policy}: rules[0]), "
+        f"fitlib.kernels:splat ({policy}: rules[2]) remedy: check each rule's "
         "module path ('autograd-guard check' resolves it); a stage this program never runs "
         "needs no rule"
     )
-    assert lines[1:] == [
+    assert lines[1].startswith("    ") and lines[2].startswith("    remedy: ")
+    assert lines[3:] == [
         "autograd-guard info: [autograd_guard/summary] summary: 0 interventions at 0 call "
         "sites; 1 finding"
     ]

@@ -69,7 +69,7 @@ def test_sqrt_of_zero_in_observe_blames_no_op_of_an_already_poisoned_forward(
 ):
     result, events, _ = run(guard_python, tmp_path, SQRT.format(steps=8, bad="(3,)"), "observe")
     assert "finite: False" in result.stdout  # observe changes nothing
-    first, origin = events
+    first, origin = [e for e in events if e["action"] != "nonfinite_loss" and "of" not in e]
     assert "fix would skip it" in first["event"]
     assert "op" not in origin and "already non-finite when they entered" in origin["event"]
     assert "observe let steps with non-finite gradients through" in origin["event"]

@@ -41,9 +41,10 @@ def doc(name: str) -> str:
 
 def test_the_readme_is_short_and_installs_from_the_checkout():
     assert len(README.splitlines()) <= 160
-    first = blocks(README)[0][1]
+    venv, install = blocks(README)[0][1].splitlines()  # the environment, then the install
     assert "pip install autograd-guard" not in README  # not on PyPI
-    assert first.startswith("python -m pip install .  ")
+    assert venv.startswith("python3 -m venv .venv && . .venv/bin/activate  ")
+    assert install.startswith("python -m pip install -c constraints.txt . torch  ")
     wheel = "python -m pip install dist/autograd_guard-{}-py3-none-any.whl"
     assert wheel.format(autograd_guard.__version__) in README
 
@@ -53,6 +54,7 @@ def test_the_two_commands_run_in_one_shell_in_order_and_ci_runs_the_second():
     main_job, tests = block(section, "sh", "pip install").strip().splitlines()
     # from the repository root: the policy beside the script is found from there
     assert main_job.endswith("&& AUTOGRAD_GUARD=1 python examples/unique3d_app.py")
+    assert "&& AUTOGRAD_GUARD=1 python examples/nan_gradient.py &&" in main_job  # a loop first
     assert "cd " not in main_job and "constraints.txt" in tests
     assert (ROOT / "examples" / "unique3d_app.py").is_file()
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines()
@@ -96,7 +98,11 @@ def test_the_policy_examples_check_clean_and_guard_the_stand_in(
 
 
 def _shown_output(text: str, script: str) -> str:
+    """What a page shows a run print: the text block after the command's own block, or
+    after the command itself in one block (``$ COMMAND``)."""
     command = f"AUTOGRAD_GUARD=1 python examples/{script}\n"
+    if f"$ {command}" in text:
+        return text.split(f"$ {command}", 1)[1].split("```", 1)[0]
     return text.split(command, 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
 
 
@@ -122,8 +128,12 @@ def test_the_quick_start_shows_what_the_examples_print(page, script, tmp_path):
     )
     assert run.returncode == 0, run.stderr
     assert _events(run.stderr) == _events(shown) != []
-    printed = [line for line in shown.splitlines() if not line.startswith("autograd-guard")]
+    said = ("autograd-guard", "    ")  # an event's first line, and its indented lines
+    printed = [line for line in shown.splitlines() if not line.startswith(said)]
     assert run.stdout.splitlines() == printed
+    # every line of every event as printed, full paths shortened as the page says
+    stderr = run.stderr.replace(f"{ROOT}/", "").splitlines()
+    assert stderr == [line for line in shown.splitlines() if line.startswith(said)]
 
 
 def _child_environ(tmp_path):

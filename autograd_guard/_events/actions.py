@@ -38,6 +38,7 @@ FINDINGS = frozenset(
     {
         "lost_gradient",
         "no_gradient",
+        "nonfinite_loss",
         "nonfinite_origin",
         "repair_stuck",
         "training_stalled",

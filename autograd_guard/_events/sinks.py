@@ -72,24 +72,60 @@ def _without_arrays(value: Any, depth: int) -> Any:
 _LINE_KEYS = ("event", "guard", "action", "callsite", "remedy", "level", "timestamp")
 
 
+FIRST_LINE = 200  # the most characters of an event's first line on a terminal
+INDENT = "    "
+_BREAKS = (": ", "; ", " (", ", ")  # where a long event's first line may end
+
+
 def _render_line(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> str:
-    """One short line for a person: the guard, what happened, where, the error (for an
-    error event) and the remedy. The other fields (pid, process, version, ...) are in
-    the JSON log (``AUTOGRAD_GUARD_LOG=FILE``)."""
+    """Two layers for a person, as ruff and pytest print: a first line of at most
+    ``FIRST_LINE`` characters (the level, the guard and action, what happened, where),
+    then indented lines (the rest of what happened, the error for an error event, the
+    remedy, the policy in force for the run's first event). The other fields (pid,
+    process, version, ...) are in the JSON log (``AUTOGRAD_GUARD_LOG=FILE``)."""
     rank = event_dict.get("rank")
-    line = f"autograd-guard {event_dict.get('level', 'warning')}"
-    line += f" (rank {rank}): [" if rank is not None else ": ["
-    line += f"{event_dict.get('guard')}/"
-    line += f"{event_dict.get('action')}] {event_dict.get('event')}"
-    if event_dict.get("callsite", "-") != "-":
-        line += f" at {event_dict['callsite']}"
-    if event_dict.get("error"):
-        line += f": {event_dict['error']}"
-    if event_dict.get("remedy"):
-        line += f" | remedy: {event_dict['remedy']}"
-    if event_dict.get("policy"):  # the run's first event: the policy in force and why
-        line += f" | policy: {event_dict['policy']}"
-    return line
+    head = f"autograd-guard {event_dict.get('level', 'warning')}"
+    head += f" (rank {rank}): [" if rank is not None else ": ["
+    head += f"{event_dict.get('guard')}/{event_dict.get('action')}] "
+    callsite = _flat(event_dict.get("callsite", "-"))
+    where = f" at {callsite}" if callsite != "-" else ""
+    if len(head) + len(where) > FIRST_LINE - 40:  # a very long path: its end says most
+        where = " at ..." + callsite[-max(FIRST_LINE - 47 - len(head), 20) :]
+    first, rest = headline(_flat(event_dict.get("event")), FIRST_LINE - len(head) - len(where))
+    lines = [head + first + where]
+    for label, key in (
+        ("", ""),
+        ("error: ", "error"),
+        ("remedy: ", "remedy"),
+        ("policy: ", "policy"),
+    ):
+        text = rest if not key else _flat(event_dict.get(key) or "")
+        if text:
+            lines.append(f"{INDENT}{label}{text}")
+    return "\n".join(lines)
+
+
+def headline(text: str, room: int) -> tuple[str, str]:
+    """``text`` cut to at most ``room`` characters where its last clause that fits ends
+    (a colon, a semicolon, a parenthesis, a comma; else a space, marked by an ellipsis),
+    and the rest."""
+    if len(text) <= room:
+        return text, ""
+    cut, mark, depth = -1, "", 0
+    for i, char in enumerate(text[:room]):  # the last clause end outside parentheses
+        depth += (char == "(") - (char == ")")
+        if depth == 0 and text.startswith(_BREAKS, i) and i >= room // 3:
+            cut, mark = i, text[i : i + 2]
+    if cut > 0:  # the rest goes below (a parenthesis keeps its opening)
+        return text[:cut], text[cut + (1 if mark == " (" else 2) :]
+    cut = text.rfind(" ", 0, room - 4)
+    cut = cut if cut > 0 else room - 4
+    return text[:cut] + " ...", "... " + text[cut:].lstrip()
+
+
+def _flat(value: Any) -> str:
+    """One line of ``value``: the layers are the renderer's own lines."""
+    return str(value).replace("\r\n", " ").replace("\n", " ")
 
 
 def _render_message(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> str:
@@ -152,13 +188,14 @@ class _Sink:
         return str(self.json(logger, name, event_dict))
 
     def msg(self, line: str) -> None:
-        line = line.replace("\n", " ")
         if self.log != STDERR and not self.fallback:
+            line = line.replace("\n", " ")
             fd = self.fd if self.fd is not None else self._open()
             if fd is not None:
                 os.write(fd, (line + "\n").encode("utf-8", "replace"))
                 return
-        sys.stderr.write(printable(line) + "\n")
+        # the renderer's own lines (every field's newlines were flattened), each printable
+        sys.stderr.write("".join(printable(part) + "\n" for part in line.split("\n")))
         sys.stderr.flush()
 
     def _open(self) -> int | None:

@@ -51,6 +51,7 @@ from autograd_guard.guards.grad_health.dist import local_gradient, user_names
 from autograd_guard.guards.grad_health.findings import FIND_IT, MAKE_SAFE, Findings
 from autograd_guard.guards.grad_health.flow import StepFlow
 from autograd_guard.guards.grad_health.gate import SKIP, Gates, drop_gradients
+from autograd_guard.guards.grad_health.loss import LossCheck
 from autograd_guard.guards.grad_health.probe import BackwardProbe
 from autograd_guard.guards.grad_health.record import Records
 from autograd_guard.guards.grad_health.repair import WOULD_FIX, RepairFlow
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.record import Record
 
 
-class GradHealth(StepFlow, RepairFlow, Findings, Guard):
+class GradHealth(StepFlow, RepairFlow, LossCheck, Findings, Guard):
     name = "grad_health"
     symptom = "a parameter gets no gradient, or a non-finite gradient reaches the optimizer"
     upstream = "https://github.com/pytorch/pytorch/issues/160016"
@@ -99,7 +100,8 @@ class GradHealth(StepFlow, RepairFlow, Findings, Guard):
             "what fix does when the same backward op makes non-finite gradients step after "
             "step (a singular point where the parameters sit): set its non-finite outputs "
             "to 0 and run the step (repair), or skip every such step (skip); a one-off "
-            "non-finite step, or a non-finite loss, is always skipped",
+            "non-finite step, or one whose loss is non-finite too, is always skipped (a "
+            "non-finite loss with finite gradients is said, and its step runs)",
             choices=("repair", "skip"),
         ),
         "stall_steps": Option(
@@ -165,6 +167,7 @@ class GradHealth(StepFlow, RepairFlow, Findings, Guard):
         except Exception as exc:  # fail open: every step is seen from the step hooks
             self._hooks.register()
             self.fail("hook", exc)
+        self._watch_loss()
         _events.at_exit(self._exit_check)
 
     def _dynamo_imported(self, dynamo: ModuleType) -> None:
@@ -179,6 +182,7 @@ class GradHealth(StepFlow, RepairFlow, Findings, Guard):
             self._at_exit()
 
     def _detach(self) -> None:
+        self._unwatch_loss()
         self._hooks.remove()
         self._gates.remove()
         with self._probe_lock:

@@ -75,6 +75,7 @@ class Findings:
     _repairs: Callable[[], bool]
     _repair_exit: Callable[[], None]
     _repairer: Any
+    _loss_finished: Callable[[str], None]
 
     def _nonfinite_remedy(self) -> str:
         """What to do, pointing only at events that will come."""
@@ -159,11 +160,12 @@ class Findings:
             op, line = probe.origin
             known = advice(op, probe.frames)  # a library function's known singular point
             within = f" in {known[0]}" if known else ""
+            site = self._probe_site or self._sites.site(None)
             self.emit(
-                f"the first non-finite gradient came out of {op}, the backward of the "
-                f"forward operation on line {line}{within}; seen by the optimizer step",
+                f"the first non-finite gradient came out of {op}, the backward of line "
+                f"{_short(line, site)}{within}; seen by the optimizer step",
                 action="nonfinite_origin",
-                callsite=self._probe_site or self._sites.site(None),
+                callsite=site,
                 remedy=known[1] if known else ORIGIN_REMEDY,
                 op=op,
                 forward=line,
@@ -236,6 +238,7 @@ class Findings:
         if probe is not None:
             probe.disarm()
             self._probe_finished(probe, at_exit=True)
+        self._loss_finished("the run ended before another forward pass")
         self._repair_exit()
         for record in self._records.all():
             self._usage_at_exit(record)
@@ -251,6 +254,12 @@ class Findings:
                     remedy="the nonfinite_gradient events name the parameters; a skipped "
                     "step does not train",
                 )
+
+
+def _short(line: str, site: str) -> str:
+    """``file:line`` as ``line N`` where the file is the call site's (said beside it)."""
+    file, _, number = line.rpartition(":")
+    return number if file and file == site.rpartition(":")[0] else line
 
 
 def _strict_finding() -> None:

@@ -1,0 +1,284 @@
+"""grad_health's loss check: a non-finite loss is said, whether or not its gradients are.
+
+Symptom: a loss of NaN or inf whose gradients are finite trains on, silently: the
+optimizer step's gradient check sees nothing wrong (``log(relu(x))`` where the ReLU gives
+0: the loss is -inf, its gradient 0), and the curve a person reads is NaN. Any torch version.
+Remedy: none to the step: its gradients are the step check's (finite ones are used, fix
+skips non-finite ones). Each ``Tensor.backward()`` of a one-element floating loss is read
+for NaN/inf (on CUDA, never by waiting: the flag is read once its copy has arrived, at a
+later backward call); a non-finite loss is said (``nonfinite_loss``), and the next forward
+pass is watched op by op (a ``TorchFunctionMode`` of its own, for that pass only) to name
+the first op that made a non-finite value from finite inputs, and its line
+(``nonfinite_origin``), or why it could not be named. Not where ``torch.compile`` is in
+use (its graphs run no Python per op): the event says so.
+
+Cost: one ``isfinite`` kernel per backward pass of a loss (its read: none on CUDA).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from autograd_guard._common.callsite import find_callsite
+from autograd_guard.guards.grad_health.check import PendingFlag
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+LIMIT = 20_000  # the most ops one watched forward pass reads
+_OWN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+LOSS_REMEDY = (
+    "keep the loss finite: clamp a log's input (log(x.clamp_min(eps))), give a division a "
+    "safe denominator, or drop a bad batch before backward()"
+)
+WATCHED = "the next forward pass is watched to name the op (a nonfinite_origin event follows)"
+
+
+class LossCheck:
+    """The mixin of ``GradHealth`` that reads each loss (see the module's docstring)."""
+
+    emit: Callable[..., bool]
+    fail: Callable[[str, BaseException], None]
+    _hooks: Any
+    _probe: Any
+
+    def _watch_loss(self) -> None:
+        torch = sys.modules["torch"]
+        if getattr(self, "_loss_wrapper", None) is torch.Tensor.backward:
+            return  # watching already (a module imported again)
+        self._loss_backward = original = torch.Tensor.backward
+        self._loss_pending: list[tuple[Any, str]] = []
+        self._finder: Any = None
+        self._loss_named: set[str] = set()  # call sites whose loss's op was named
+
+        def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            said = self._loss_read(tensor)
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                if said is not None:
+                    self._find_next(said)
+
+        self._loss_wrapper = self._hooks.eager(backward)
+        torch.Tensor.backward = self._loss_wrapper
+
+    def _unwatch_loss(self) -> None:
+        torch = sys.modules.get("torch")
+        wrapper = getattr(self, "_loss_wrapper", None)
+        if torch is not None and wrapper is not None and torch.Tensor.backward is wrapper:
+            torch.Tensor.backward = self._loss_backward
+        self._loss_finished("the run ended before another forward pass")
+
+    def _loss_read(self, loss: Any) -> str | None:
+        """Before a backward pass: the watched forward pass's word, the flags ready, and
+        this loss's flag. The call site whose loss was non-finite, for the next forward."""
+        try:
+            torch = sys.modules["torch"]
+            site = find_callsite("torch", start=sys._getframe(1))
+            finite = None
+            if (
+                type(loss) is torch.Tensor
+                and loss.numel() == 1
+                and loss.is_floating_point()
+                and not _scaled(loss)
+            ):
+                if loss.device.type == "cpu":
+                    finite = bool(loss.isfinite().all())
+                else:  # read once it has arrived, at a later call
+                    flag = PendingFlag(~loss.detach().isfinite().reshape(()))
+                    self._loss_pending.append((flag, site))
+            self._loss_finished(
+                "the next forward pass made no non-finite value (a one-off value: one bad "
+                "batch or sample?)"
+                if finite
+                else "no op of the next forward pass made a non-finite value from finite "
+                "inputs (an op outside torch's Python functions?)"
+            )
+            said = None
+            while self._loss_pending and self._loss_pending[0][0].ready():
+                pending, where = self._loss_pending.pop(0)
+                if pending.nonfinite():
+                    said = self._loss_said(where, "NaN or inf")
+            if finite is False:
+                said = self._loss_said(site, _value(loss))
+            return said
+        except Exception as exc:  # fail open: the backward pass runs as it would
+            self.fail("loss check", exc)
+            return None
+
+    def _loss_said(self, site: str, value: str) -> str:
+        watch = _compiling()
+        self.emit(
+            f"the loss passed to backward() is {value}; the step that uses its gradients "
+            "runs if they are finite (the step's check decides)",
+            action="nonfinite_loss",
+            callsite=site,
+            remedy=f"{WATCHED}; {LOSS_REMEDY}" if not watch else LOSS_REMEDY,
+        )
+        if watch:
+            self.emit(
+                "the op that made the non-finite loss could not be found: torch.compile is "
+                "in use, and its graphs run no Python per op",
+                action="nonfinite_origin",
+                callsite=site,
+                remedy="run the step eagerly under torch.autograd.detect_anomaly() to find it",
+            )
+        return "" if watch else site
+
+    def _find_next(self, site: str) -> None:
+        """Watch the next forward pass (from now to the next backward call)."""
+        if not site or self._finder is not None or site in self._loss_named:
+            return
+        if self._probe is not None:  # the backward localiser is on it (non-finite gradients)
+            return
+        try:
+            finder = _finder_class()(site)
+            finder.__enter__()
+            self._finder = finder
+        except Exception as exc:
+            self.fail("loss check", exc)
+
+    def _loss_finished(self, why: str) -> None:
+        """A watched forward pass is over: the op it found, or ``why`` none was found."""
+        finder, self._finder = getattr(self, "_finder", None), None
+        if finder is None:
+            return
+        finder.stop()
+        fields: dict[str, Any] = {"action": "nonfinite_origin", "callsite": finder.site}
+        fields["of"] = "loss"
+        if finder.found is not None:
+            self._loss_named.add(finder.site)
+            op, line = finder.found
+            self.emit(
+                f"the non-finite loss came from {op} on line {line}: the first op of the next "
+                "forward pass to make a non-finite value from finite inputs",
+                op=op,
+                forward=line,
+                remedy=LOSS_REMEDY,
+                **fields,
+            )
+            return
+        if finder.fed is not None:
+            why = (
+                f"the next forward pass ran on values already non-finite (weights or inputs): "
+                f"its first op to get one was {finder.fed[0]} on line {finder.fed[1]}"
+            )
+        self.emit(
+            f"the op that made the non-finite loss could not be found: {why}",
+            remedy="run with AUTOGRAD_GUARD=fix (it keeps the weights finite), or wrap the "
+            "step in torch.autograd.detect_anomaly() where it comes again",
+            **fields,
+        )
+
+
+def _value(loss: Any) -> str:
+    value = float(loss.detach().reshape(()).item())
+    return "NaN" if value != value else ("inf" if value > 0 else "-inf")
+
+
+_SCALERS = ("torch.amp.grad_scaler", "torch.cuda.amp.grad_scaler")
+
+
+def _scaled(loss: Any) -> bool:
+    """``GradScaler.scale(loss)``: the loss times the scaler's one-element scale, whose
+    overflow to inf is expected (GradScaler skips that step and lowers the scale). Read
+    where a GradScaler class is imported: a loss times a one-element tensor is taken for it."""
+    node = loss.grad_fn
+    if type(node).__name__ != "MulBackward0" or not any(m in sys.modules for m in _SCALERS):
+        return False
+    other = getattr(node, "_saved_other", None)
+    return other is not None and other.numel() == 1 and other.dtype == sys.modules["torch"].float32
+
+
+def _compiling() -> bool:
+    """torch.compile has compiled a frame in this process (Dynamo counts each)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    frames = getattr(utils, "counters", {}).get("frames", {})
+    return bool(sum(frames.values()))
+
+
+_FINDER: list[type] = []
+
+
+def _finder_class() -> type:
+    """``Finder``, a ``TorchFunctionMode`` made once torch is imported."""
+    if not _FINDER:
+        _FINDER.append(_make_finder(sys.modules["torch"]))
+    return _FINDER[0]
+
+
+def _make_finder(torch: Any) -> type:
+    class Finder(torch.overrides.TorchFunctionMode):  # type: ignore[misc]
+        """Reads each op's output; the first non-finite one made from finite inputs."""
+
+        def __init__(self, site: str) -> None:
+            super().__init__()
+            self.site, self.calls, self.on = site, 0, True
+            self.found: tuple[str, str] | None = None  # the first op to make one
+            self.fed: tuple[str, str] | None = None  # the first op given one
+
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if self.on and self.found is None and self.calls < LIMIT:
+                self.calls += 1
+                try:
+                    if _nonfinite(torch, out):
+                        values = (*args, *(kwargs or {}).values())
+                        fed = any(_nonfinite(torch, a) for a in values)
+                        place = (_op_name(func), _user_line(sys._getframe(1)))
+                        if not fed:
+                            self.found = place
+                        elif self.fed is None:
+                            self.fed = place
+                except Exception:
+                    self.on = False
+            return out
+
+        def stop(self) -> None:
+            """Off; popped where it is still the innermost mode (else it passes through)."""
+            self.on = False
+            stack = getattr(torch._C, "_len_torch_function_stack", None)
+            get = getattr(torch._C, "_get_function_stack_at", None)
+            if stack is not None and get is not None and stack() and get(stack() - 1) is self:
+                self.__exit__(None, None, None)
+
+    return Finder
+
+
+def _nonfinite(torch: Any, value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_nonfinite(torch, v) for v in value)
+    return (
+        type(value) in (torch.Tensor, torch.nn.Parameter)
+        and value.is_floating_point()
+        and value.device.type != "meta"
+        and not bool(value.detach().isfinite().all())
+    )
+
+
+def _op_name(func: Any) -> str:
+    name = str(getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func)))
+    head, dot, tail = name.partition(".")
+    if dot and head in ("_TensorBase", "TensorBase"):
+        name = f"Tensor.{tail}"
+    elif dot and head == "_VariableFunctionsClass":
+        return f"torch.{tail}"
+    module = str(getattr(func, "__module__", None) or "")
+    if "." not in name and module.startswith("torch"):
+        name = f"{module.replace('torch._C._nn', 'torch.nn.functional')}.{name}"
+    return name
+
+
+def _user_line(frame: Any) -> str:
+    torch_dir = os.path.dirname(sys.modules["torch"].__file__ or "") + os.sep
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith((torch_dir, _OWN)):
+            return f"{os.path.normpath(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>"

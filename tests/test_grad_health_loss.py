@@ -1,0 +1,82 @@
+"""A non-finite loss is said in every mode, whether or not its gradients are finite: the
+loss's value, the backward call's line, then the op that made it and its line
+(``nonfinite_origin``, from the next forward pass). Child interpreters, through the
+built wheel's ``.pth``; and in-process, a correct loop says nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import run_python
+
+from autograd_guard.testing import capture_events, guarded
+
+# log(relu(x)) where relu gives 0: the loss is -inf, every gradient finite (relu's is 0)
+LOG_RELU = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+bad = 0
+for step in range(20):
+    optimizer.zero_grad()
+    x = model(torch.randn(8, 3))
+    loss = torch.log(torch.relu(x)).mean()
+    bad += not bool(loss.isfinite())
+    loss.backward()
+    assert all(bool(p.grad.isfinite().all()) for p in model.parameters())
+    optimizer.step()
+print(bad)
+"""
+BACKWARD_LINE = 12  # the line of loss.backward() in LOG_RELU's program
+LOG_LINE = 10
+
+
+@pytest.mark.parametrize("mode", ["observe", "fix", "strict"])
+def test_a_nonfinite_loss_with_finite_gradients_is_said_with_its_op(guard_python, project, mode):
+    log = project / "events.jsonl"
+    result = run_python(
+        guard_python, LOG_RELU, project, AUTOGRAD_GUARD=mode, AUTOGRAD_GUARD_LOG=str(log)
+    )
+    assert int(result.stdout) > 0  # the loop does make non-finite losses, and runs on
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    said = [e for e in events if e["action"] == "nonfinite_loss"]
+    assert len(said) == 1 and said[0]["callsite"].endswith(f"<string>:{BACKWARD_LINE}")
+    assert "-inf" in said[0]["event"]
+    origin = [e for e in events if e["action"] == "nonfinite_origin"]
+    assert len(origin) == 1, origin
+    assert origin[0]["op"] == "torch.log"
+    assert origin[0]["forward"].endswith(f"<string>:{LOG_LINE}")
+
+
+def test_a_oneoff_nonfinite_loss_is_said_and_the_origin_says_why_not(guard_python, project):
+    code = """
+    import torch
+    w = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([w], lr=0.1)
+    for step in range(4):
+        optimizer.zero_grad()
+        scale = float("nan") if step == 1 else 1.0
+        loss = (w * 0).sum() + scale * 0 + (w ** 2).sum() * 0 + (w.sum() + scale - scale)
+        loss.backward()
+        optimizer.step()
+    """
+    result = run_python(guard_python, code, project, AUTOGRAD_GUARD="fix")
+    lines = result.stderr.splitlines()
+    assert any("[grad_health/nonfinite_loss]" in line and "NaN" in line for line in lines)
+    origin = [line for line in lines if "[grad_health/nonfinite_origin]" in line]
+    assert len(origin) == 1 and "one-off" in origin[0], result.stderr
+
+
+def test_a_finite_loss_says_nothing():
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with guarded({"mode": "fix"}), capture_events() as events:
+        for _ in range(5):
+            optimizer.zero_grad()
+            model(torch.randn(4, 3)).pow(2).mean().backward()
+            optimizer.step()
+    assert events == []
+    assert torch.Tensor.backward.__module__ == "torch._tensor"  # put back at uninstall
