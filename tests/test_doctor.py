@@ -129,3 +129,32 @@ def test_doctor_names_a_stale_pth(tmp_path, monkeypatch, capsys):
     assert f".pth          STALE: {stale} imports autograd_guard._bootstrap" in out
     assert "installed:" not in out and "Setting AUTOGRAD_GUARD does nothing here" in out
     assert doctor.stale_pth(str(ROOT / "autograd_guard.pth")) is None  # the shipped line
+
+
+def test_doctor_shows_every_problem_check_finds(tmp_path):
+    """An unknown guard and a mistyped rule target (its package installed): check names
+    both, and so does doctor, through the same code (a child interpreter each)."""
+    (tmp_path / "autograd_guard.toml").write_text(
+        '[guards.grad_helth]\nmode = "fix"\n\n'
+        '[[rules]]\ntarget = "structlog.procesors:render"\naction = "enable_grad"\n'
+    )
+    said = {}
+    for command in ("check", "doctor"):
+        result = subprocess.run(
+            [sys.executable, "-m", "autograd_guard.cli", command],
+            cwd=tmp_path,
+            env=wheelenv.clean_environ(PYTHONPATH=str(ROOT)),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 1, result.stdout + result.stderr
+        output = result.stdout + result.stderr
+        said[command] = sorted(
+            line.split("invalid", 1)[1].split(": ", 1)[1]
+            for line in output.splitlines()
+            if "invalid" in line
+        )
+    assert len(said["check"]) == 2 and said["doctor"] == said["check"]
+    assert any("did you mean 'grad_health'?" in p for p in said["doctor"])
+    assert any("did you mean 'structlog.processors'?" in p for p in said["doctor"])

@@ -41,9 +41,7 @@ def check_policy(args: argparse.Namespace) -> int:
         policy = None
     notes: list[str] = []
     if policy is not None:
-        warnings.found.extend(policy.warnings)
-        notes = _rule_modules(policy, warnings, problems)
-        _log_destination(policy, problems)
+        warnings, notes = survey(policy, problems)
     for note in notes:
         print(f"note: {note}")
     for warning in warnings.found:
@@ -60,6 +58,17 @@ def check_policy(args: argparse.Namespace) -> int:
         counted += f"; {plural(len(warnings.found), 'warning')}"
     print(f"ok: {policy.source} (mode {mode}, {counted})")
     return 0
+
+
+def survey(policy: Policy, problems: Problems) -> tuple[Problems, list[str]]:
+    """What is wrong with a loaded policy beyond its keys and values (``problems`` gets
+    them): each rule's module, the log destination. Returns the warnings (the policy's own
+    first) and the notes. ``check`` and ``doctor`` both report through it."""
+    warnings = Problems()
+    warnings.found.extend(policy.warnings)
+    notes = _rule_modules(policy, warnings, problems)
+    _log_destination(policy, problems)
+    return warnings, notes
 
 
 def _rule_modules(policy: Policy, warnings: Problems, problems: Problems) -> list[str]:

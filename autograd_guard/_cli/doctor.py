@@ -55,6 +55,7 @@ def _policy_in_force(
 ) -> tuple[_policy.Policy, list[PolicyError]]:
     """The policy a run here would use, and its problems, as the auto-load decides
     (``_policy.failure``): printed with where it was found and why."""
+    from autograd_guard._cli.check import survey
     from autograd_guard._policy import failure as _policy_failure
     from autograd_guard._policy import files as _policy_files
 
@@ -66,17 +67,24 @@ def _policy_in_force(
         default = os.path.join(_policy_files.presets_dir(), "default.toml")
         policy = _policy.load(default, guards, os.environ, os.getcwd(), Problems())
         policy.source, policy.why = "preset default", f"{exc.source} cannot be used"
+    loaded = len(problems.found)  # the keys and values: a strict run stops on those
+    warnings, notes = survey(policy, problems)  # what check finds, the same way
     print(f"policy        {policy.source}")
     print(f"              {policy.why}")
     found = problems.found
     if found:
         asked = _policy_failure.strict_requested(os.environ, os.getcwd(), program)
-        what = "strict: a run stops at its import of torch" if asked else "a run ignores each"
+        what = "strict: a run stops at its import of torch" if asked and loaded else ""
+        what = what or "a run ignores each"
+        if len(found) > loaded:  # a rule's module: the run names it at exit
+            what += ", or names a rule it cannot attach at exit"
         print(f"  {plural(len(found), 'problem')} ({what}; see 'autograd-guard check'):")
     for problem in found:
         print(f"  invalid: {problem}")
-    for warning in policy.warnings:
+    for warning in warnings.found:
         print(f"  warning: {warning}")
+    for note in notes:
+        print(f"  note: {note}")
     return policy, found
 
 
