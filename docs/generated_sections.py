@@ -22,8 +22,9 @@ TOP_LEVEL = {
     "extends": "a preset name ({presets}) or a policy file path, relative to this file; "
     "its settings come first and this file's are merged over them",
     "mode": "`off`, `observe` (log only), `fix` (remedy and log) or `strict` (raise)",
-    "log": "`stderr` (one readable line per event), `logging` (the `autograd_guard` "
-    "logger) or a file path (JSON lines)",
+    "log": "`stderr` (a short first line per event, details indented below), `logging` "
+    "(the `autograd_guard` logger) or a file path (JSON lines), relative to this file "
+    "(`AUTOGRAD_GUARD_LOG`'s, to the working directory)",
     "disable": 'a list of guard names to switch off, or `["*"]`',
     "guards": "one table per guard, `[guards.NAME]`: the keys below and the guard's options",
     "rules": "an array of tables, `[[rules]]`, each naming a `target` "

@@ -60,6 +60,8 @@ def build(
         base.mode = problems.attempt(_mode, source, "mode", data["mode"]) or base.mode
     if "log" in data:
         log = problems.attempt(log_destination, source, "log", data["log"])
+        if log and folder is not None and log not in ("stderr", "logging"):
+            log = os.path.join(folder, log)  # a path is the policy file's, as ruff's are
         if log is not None:
             base.log, base.log_source = log or None, f"the 'log' key of {source}"
     if "disable" in data:
