@@ -210,7 +210,8 @@ def _calls(name: str) -> set[str]:
 
 
 def test_the_exit_statuses_the_docs_name_are_the_codes():
-    """Only a lost gradient (or a step without any) found at exit sets status 3 (not
+    """Only a lost gradient (or a step without any) found at exit, or strict's skipped
+    non-finite step with no step after it, sets status 3 (not
     zero_gradient or unattached_rules); an unusable policy where strict was asked for is 2."""
     import inspect
 
@@ -226,7 +227,9 @@ def test_the_exit_statuses_the_docs_name_are_the_codes():
         "`strict`: a `lost_gradient` or `no_gradient` found"
     )
     assert _calls("fail_at_exit") == {"_strict_finding"}
-    assert _calls("_strict_finding") == {"_lost_event", "_report_no_gradient"}
+    # and strict's stop deferred to name the op, where no step came after it (issue 52)
+    assert _calls("_strict_finding") == {"_lost_event", "_report_no_gradient", "_stop_pending"}
+    assert "a non-finite step skipped with no step after it" in rows["3"]
     assert 'action="lost_gradient"' in inspect.getsource(_grad_usage.UsageFlow._lost_event)
     assert 'action="no_gradient"' in inspect.getsource(_grad_usage.UsageFlow._report_no_gradient)
     for finding in ("zero_gradient", "nonfinite_origin", "unattached_rules", "unused_parameter"):

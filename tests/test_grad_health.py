@@ -137,14 +137,25 @@ def test_observe_logs_and_changes_nothing():
     assert [e["action"] for e in events][:1] == ["nonfinite_gradient"]
 
 
-def test_strict_raises_before_the_weights_change():
+def test_strict_skips_names_the_op_then_raises_before_the_weights_change():
+    """strict skips the first non-finite step, records the next backward pass, and the
+    next step raises naming the op (issue 52): the weights never changed."""
     autograd_guard.install({"mode": "strict"})
     w = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.SGD([w], lr=0.1)
-    torch.sqrt((w * 0).pow(2).sum()).backward()
-    with pytest.raises(autograd_guard.GuardError, match="non-finite gradient"):
-        optimizer.step()
-    assert torch.equal(w.detach(), torch.ones(3))
+    with capture_events() as events:
+        torch.sqrt((w * 0).pow(2).sum()).backward()
+        optimizer.step()  # skipped, said at once
+        assert [e["action"] for e in events] == ["nonfinite_gradient"]
+        assert "the next step raises" in events[0]["event"] and events[0]["level"] == "error"
+        optimizer.zero_grad()
+        torch.sqrt((w * 0).pow(2).sum()).backward()  # recorded
+        with pytest.raises(autograd_guard.GuardError, match="made by SqrtBackward0"):
+            optimizer.step()
+    assert torch.equal(w.detach(), torch.ones(3)) and not optimizer.state
+    origin = [e for e in events if e["action"] == "nonfinite_origin"]
+    assert len(origin) == 1 and origin[0]["op"] == "SqrtBackward0"
+    assert not torch.is_anomaly_enabled() and torch.autograd.backward is ORIGINAL_BACKWARD
 
 
 def test_uninstall_removes_every_patch():

@@ -77,13 +77,17 @@ def test_sqrt_of_zero_in_observe_blames_no_op_of_an_already_poisoned_forward(
 
 
 def test_sqrt_of_zero_in_strict_says_what_is_known_and_how_to_get_the_rest(guard_python, tmp_path):
-    result, events, _ = run(guard_python, tmp_path, SQRT.format(steps=8, bad="(3,)"), "strict")
+    result, events, _ = run(guard_python, tmp_path, SQRT.format(steps=8, bad="(3, 4)"), "strict")
     assert result.returncode != 0 and "GuardError" in result.stderr
-    [event] = events
+    # step 3 is skipped and said; step 4's backward pass is recorded; step 4 raises (issue 52)
+    event, origin = [e for e in events if e["action"] != "nonfinite_loss" and "of" not in e]
+    assert event["action"] == "nonfinite_gradient" and "the next step raises" in event["event"]
     assert "stopped on every" not in event["event"]  # one process: no group
-    assert "before the weights changed" in event["event"]
-    assert "nonfinite_origin" not in event["remedy"]  # strict arms no localiser
-    assert "AUTOGRAD_GUARD=fix" in event["remedy"] and "detect_anomaly" in event["remedy"]
+    assert "nonfinite_origin" in event["remedy"]  # it follows
+    assert origin["op"] == "SqrtBackward0" and origin["forward"].endswith(":10")
+    raised = result.stderr.split("GuardError: ", 1)[1]
+    assert "made by SqrtBackward0 (the backward of line 10)" in raised
+    assert "before the weights changed" in raised
 
 
 def test_a_one_off_nan_says_its_origin_could_not_be_found_and_what_will(guard_python, tmp_path):

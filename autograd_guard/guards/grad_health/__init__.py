@@ -55,6 +55,7 @@ from autograd_guard.guards.grad_health.loss import LossCheck
 from autograd_guard.guards.grad_health.probe import BackwardProbe
 from autograd_guard.guards.grad_health.record import Records
 from autograd_guard.guards.grad_health.repair import WOULD_FIX, RepairFlow
+from autograd_guard.guards.grad_health.strict import StrictStop
 from autograd_guard.guards.grad_health.words import ON_DEVICE, StepSites, step_outcome, stop_outcome
 
 TYPE_CHECKING = False
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.record import Record
 
 
-class GradHealth(StepFlow, RepairFlow, LossCheck, Findings, Guard):
+class GradHealth(StepFlow, RepairFlow, StrictStop, LossCheck, Findings, Guard):
     name = "grad_health"
     symptom = "a parameter gets no gradient, or a non-finite gradient reaches the optimizer"
     upstream = "https://github.com/pytorch/pytorch/issues/160016"
@@ -212,6 +213,9 @@ class GradHealth(StepFlow, RepairFlow, LossCheck, Findings, Guard):
             what += f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
         speaks = sharing is None or sharing.first  # a group's decision: its first rank logs
         if self.mode == "strict" and not on_device:
+            stop, when = (what, site, names), (gated, evaluation, sharing)
+            if self._defer_stop(optimizer, record, stop, when):
+                return SKIP  # the next step raises, naming the op (see .strict)
             self._stop(optimizer, record, what, site, names, evaluation, speaks, ranks)
         done, verdict = step_outcome(
             self.mode, type(optimizer).__name__, gated, evaluation, record.evaluations

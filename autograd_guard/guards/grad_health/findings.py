@@ -76,10 +76,11 @@ class Findings:
     _repair_exit: Callable[[], None]
     _repairer: Any
     _loss_finished: Callable[[str], None]
+    _stop_pending: Callable[..., None]
 
     def _nonfinite_remedy(self) -> str:
         """What to do, pointing only at events that will come."""
-        if self.mode == "strict":
+        if self.mode == "strict" and getattr(self, "_pending_stop", None) is None:
             return f"find the op that made the value: {FIND_IT}; then {MAKE_SAFE}"
         if self.config["localize_steps"] and (self._probe is not None or self._probes_left):
             return (
@@ -234,6 +235,7 @@ class Findings:
     def _at_exit(self) -> None:
         """The run is over: an armed localiser's last word, and parameters (or whole
         optimizers) that got no gradient in a run shorter than ``lost_steps``."""
+        self._stop_pending(at_exit=True)  # strict: a deferred stop no step raised
         probe = self._probe
         if probe is not None:
             probe.disarm()

@@ -1,9 +1,8 @@
 """The step logic of grad_health: the check runs in the gate between the step hooks and the
 step body (``gate``), after every pre-hook; a skipped step is a body that never ran.
 A step with a closure is checked after each evaluation and, when one is not finite,
-stopped there and undone whole from a snapshot (``closure``).
-
-A mixin of ``GradHealth``: the guard holds the state and reports; this is the flow.
+stopped there and undone whole from a snapshot (``closure``). A mixin of ``GradHealth``:
+the guard holds the state and reports; this is the flow.
 """
 
 from __future__ import annotations
@@ -58,6 +57,7 @@ class StepFlow(QuickFlow, SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
     _mended_verdict: Callable[..., object | None]
     _repair_over: Callable[[Any], None]
     _repairer: Any
+    _stop_pending: Callable[..., None]
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The first global pre-hook: gate the optimizer's class (once per class); a class
@@ -93,6 +93,7 @@ class StepFlow(QuickFlow, SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
             record.depth = self._stepping.__dict__["depth"] = 0  # left by an interrupted step
         self._enter(record)
         try:
+            self._stop_pending()  # strict: the op the pass after a skipped step named
             if record.flag is not None:
                 self._step_over(optimizer, record)  # the last step raised before its post-hooks
             verdict = self._quick(optimizer, record, args, kwargs, gated)
@@ -224,8 +225,7 @@ class StepFlow(QuickFlow, SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
                 self._report_lost(optimizer, record, lost)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """The post-hook, registered only where some class has no gate: the work after a
-        step of such a class (a gated one's was done by the gate)."""
+        """The post-hook, only where some class has no gate: the work after its step."""
         if self.active and not self._gates.ensure(type(optimizer)):
             self._step_done(optimizer, self._records.find(optimizer))
 

@@ -224,7 +224,7 @@ def _make_finder(torch: Any) -> type:
             self, func: Any, types: Any, args: Any = (), kwargs: Any = None
         ) -> Any:
             out = func(*args, **(kwargs or {}))
-            if self.on and self.found is None and self.calls < LIMIT:
+            if self.on and self.found is None and self.calls < LIMIT and _computes(func):
                 self.calls += 1
                 try:
                     if _nonfinite(torch, out):
@@ -248,6 +248,14 @@ def _make_finder(torch: Any) -> type:
                 self.__exit__(None, None, None)
 
     return Finder
+
+
+def _computes(func: Any) -> bool:
+    """An op, not an attribute read (``tensor.grad``, ``tensor.data``: their values were
+    made elsewhere)."""
+    return type(func).__name__ not in ("getset_descriptor", "method-wrapper") and not getattr(
+        func, "__name__", ""
+    ).startswith("__get")
 
 
 def _nonfinite(torch: Any, value: Any) -> bool:
