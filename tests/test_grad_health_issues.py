@@ -487,10 +487,14 @@ def test_each_action_has_its_own_remedy_and_strict_names_what_it_can():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     sqrt_nan(model(torch.ones(1, 3)).sum()).backward()
+    optimizer.step()  # strict skips the first, and records the next pass (issue 52)
+    optimizer.zero_grad()
+    sqrt_nan(model(torch.ones(1, 3)).sum()).backward()
     with pytest.raises(autograd_guard.GuardError) as raised:
         optimizer.step()
     message = str(raised.value)
     assert "0.weight, 0.bias" in message and "SGD step" in message
+    assert "made by SqrtBackward0" in message
     assert f"{__file__}:" in message and "Remedy:" in message
 
 
@@ -507,11 +511,11 @@ def test_without_amps_kernel_the_check_still_works(monkeypatch):
 
     def program() -> dict[str, object]:
         w = torch.nn.Parameter(torch.ones(3))
-        big = torch.nn.Parameter(torch.ones(4))
+        big = torch.nn.Parameter(torch.full((4,), 0.1))  # a finite loss (1.2e38)
         optimizer = torch.optim.SGD([w, big], lr=1e-40)
         for _ in range(3):
             optimizer.zero_grad()
-            (w.sum() + (big * 3e38).sum()).backward()  # finite, but its sum is inf
+            (w.sum() + (big * 3e38).sum()).backward()  # gradients finite, their sum inf
             optimizer.step()
         return outcome([w, big], optimizer)
 
@@ -520,7 +524,11 @@ def test_without_amps_kernel_the_check_still_works(monkeypatch):
     assert events == []
     autograd_guard.install({"mode": "strict"})
     w = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([w], lr=0.1)
+    sqrt_nan(w).backward()
+    optimizer.step()  # strict skips the first non-finite step (issue 52)
+    w.grad = None
     sqrt_nan(w).backward()
     with pytest.raises(autograd_guard.GuardError, match="non-finite gradient"):
-        torch.optim.SGD([w], lr=0.1).step()
+        optimizer.step()
     assert torch.equal(w.detach(), torch.ones(3))
