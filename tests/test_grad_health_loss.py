@@ -64,10 +64,11 @@ def test_a_oneoff_nonfinite_loss_is_said_and_the_origin_says_why_not(guard_pytho
         optimizer.step()
     """
     result = run_python(guard_python, code, project, AUTOGRAD_GUARD="fix")
-    lines = result.stderr.splitlines()
-    assert any("[grad_health/nonfinite_loss]" in line and "NaN" in line for line in lines)
-    origin = [line for line in lines if "[grad_health/nonfinite_origin]" in line]
+    events = result.stderr.replace("\n    ", " ").splitlines()  # each event's layers joined
+    assert any("[grad_health/nonfinite_loss]" in line and "NaN" in line for line in events)
+    origin = [line for line in events if "[grad_health/nonfinite_origin]" in line]
     assert len(origin) == 1 and "one-off" in origin[0], result.stderr
+    assert "AUTOGRAD_GUARD=fix" not in origin[0]  # it runs in fix: no advice to
 
 
 def test_a_finite_loss_says_nothing():

@@ -62,8 +62,21 @@ class LossCheck:
                 if said is not None:
                     self._find_next(said)
 
+        self._loss_plain = backward
         self._loss_wrapper = self._hooks.eager(backward)
         torch.Tensor.backward = self._loss_wrapper
+        from autograd_guard._common import importer as _importer
+
+        _importer.when_imported("torch._dynamo", self._loss_dynamo)
+
+    def _loss_dynamo(self, _: Any) -> None:
+        """Dynamo is imported: the wrapper is made one it never traces (after the step
+        hooks, which set ``eager`` up), so a compiled step's ``backward()`` breaks the graph
+        there as it would unguarded."""
+        torch = sys.modules["torch"]
+        if torch.Tensor.backward is self._loss_wrapper:
+            self._loss_wrapper = self._hooks.eager(self._loss_plain)
+            torch.Tensor.backward = self._loss_wrapper
 
     def _unwatch_loss(self) -> None:
         torch = sys.modules.get("torch")
@@ -166,10 +179,11 @@ class LossCheck:
                 f"the next forward pass ran on values already non-finite (weights or inputs): "
                 f"its first op to get one was {finder.fed[0]} on line {finder.fed[1]}"
             )
+        anomaly = "wrap the step in torch.autograd.detect_anomaly() where it comes again"
+        fix = "run with AUTOGRAD_GUARD=fix (it keeps the weights finite), or "
         self.emit(
             f"the op that made the non-finite loss could not be found: {why}",
-            remedy="run with AUTOGRAD_GUARD=fix (it keeps the weights finite), or wrap the "
-            "step in torch.autograd.detect_anomaly() where it comes again",
+            remedy=anomaly if getattr(self, "mode", "") == "fix" else fix + anomaly,
             **fields,
         )
 
