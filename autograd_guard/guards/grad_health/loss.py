@@ -12,11 +12,13 @@ the first op that made a non-finite value from finite inputs, and its line
 (``nonfinite_origin``), or why it could not be named. Not where ``torch.compile`` is in
 use (its graphs run no Python per op): the event says so.
 
-Cost: one ``isfinite`` kernel per backward pass of a loss (its read: none on CUDA).
+Cost: per backward pass of a loss, its value read on the CPU (``.item()``: about 7 us with
+the wrapper, measured under load), an ``isfinite`` kernel and no wait on CUDA.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -34,6 +36,11 @@ LOSS_REMEDY = (
     "keep the loss finite: clamp a log's input (log(x.clamp_min(eps))), give a division a "
     "safe denominator, or drop a bad batch before backward()"
 )
+ONE_OFF = "the next forward pass made no non-finite value (a one-off value: one bad batch?)"
+NONE_MADE = (
+    "no op of the next forward pass made a non-finite value from finite inputs (an op "
+    "outside torch's Python functions?)"
+)
 WATCHED = "the next forward pass is watched to name the op (a nonfinite_origin event follows)"
 
 
@@ -50,7 +57,7 @@ class LossCheck:
         if getattr(self, "_loss_wrapper", None) is torch.Tensor.backward:
             return  # watching already (a module imported again)
         self._loss_backward = original = torch.Tensor.backward
-        self._loss_pending: list[tuple[Any, str]] = []
+        self._loss_pending: list[Any] = []  # CUDA losses' flags, oldest first
         self._finder: Any = None
         self._loss_named: set[str] = set()  # call sites whose loss's op was named
 
@@ -86,37 +93,24 @@ class LossCheck:
         self._loss_finished("the run ended before another forward pass")
 
     def _loss_read(self, loss: Any) -> str | None:
-        """Before a backward pass: the watched forward pass's word, the flags ready, and
-        this loss's flag. The call site whose loss was non-finite, for the next forward."""
+        """Before a backward pass: this loss's value (one host read on the CPU; on CUDA a
+        flag read once it has arrived), the watched forward pass's word, the flags ready.
+        The call site whose loss was non-finite, for the next forward pass."""
         try:
-            torch = sys.modules["torch"]
-            site = find_callsite("torch", start=sys._getframe(1))
-            finite = None
-            if (
-                type(loss) is torch.Tensor
-                and loss.numel() == 1
-                and loss.is_floating_point()
-                and not _scaled(loss)
-            ):
+            torch, finite = sys.modules["torch"], None
+            if type(loss) is torch.Tensor and loss.numel() == 1 and loss.is_floating_point():
                 if loss.device.type == "cpu":
-                    finite = bool(loss.isfinite().all())
-                else:  # read once it has arrived, at a later call
-                    flag = PendingFlag(~loss.detach().isfinite().reshape(()))
-                    self._loss_pending.append((flag, site))
-            self._loss_finished(
-                "the next forward pass made no non-finite value (a one-off value: one bad "
-                "batch or sample?)"
-                if finite
-                else "no op of the next forward pass made a non-finite value from finite "
-                "inputs (an op outside torch's Python functions?)"
-            )
+                    finite = math.isfinite(loss.item()) or _scaled(loss)
+                elif not _scaled(loss):  # read once it has arrived, at a later call
+                    self._loss_pending.append(PendingFlag(~loss.detach().isfinite().reshape(())))
+            if self._finder is not None:
+                self._loss_finished(ONE_OFF if finite else NONE_MADE)
             said = None
-            while self._loss_pending and self._loss_pending[0][0].ready():
-                pending, where = self._loss_pending.pop(0)
-                if pending.nonfinite():
-                    said = self._loss_said(where, "NaN or inf")
+            while self._loss_pending and self._loss_pending[0].ready():
+                if self._loss_pending.pop(0).nonfinite():  # said where backward() is called
+                    said = self._loss_said(_backward_site(), "NaN or inf")
             if finite is False:
-                said = self._loss_said(site, _value(loss))
+                said = self._loss_said(_backward_site(), _value(loss))
             return said
         except Exception as exc:  # fail open: the backward pass runs as it would
             self.fail("loss check", exc)
@@ -186,6 +180,11 @@ class LossCheck:
             remedy=anomaly if getattr(self, "mode", "") == "fix" else fix + anomaly,
             **fields,
         )
+
+
+def _backward_site() -> str:
+    """The user's line that called ``backward()`` (outside torch and this package)."""
+    return find_callsite("torch", start=sys._getframe(1))
 
 
 def _value(loss: Any) -> str:
