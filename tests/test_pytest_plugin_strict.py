@@ -67,3 +67,27 @@ def test_the_variable_alone_fails_the_session(pytester: pytest.Pytester, monkeyp
     assert result.ret == 3
     result.assert_outcomes(passed=2)
     assert any("lost_gradient" in line for line in result.errlines)
+
+
+NAN_AT_THE_END = """
+import torch
+
+def test_nan_at_the_last_step():
+    w = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([w], lr=0.1)
+    for step in range(3):
+        optimizer.zero_grad()
+        torch.sqrt((w * (0.0 if step == 2 else 1.0)).pow(2).sum()).backward()
+        optimizer.step()
+    assert bool(w.isfinite().all())
+"""
+
+
+def test_strict_fails_a_test_whose_last_step_was_not_finite(pytester: pytest.Pytester):
+    """strict skips the first non-finite step to name its op and raises at the next step;
+    a test with no step after it still fails, at its end (issue 52)."""
+    pytester.makepyfile(test_end=NAN_AT_THE_END)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--autograd-guard=strict")
+    assert result.ret == 1
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*[[]grad_health/nonfinite_gradient[]]*the run ended before*"])

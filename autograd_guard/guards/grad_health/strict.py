@@ -115,5 +115,5 @@ class StrictStop:
             "weights changed",
             "; the run ended before another step (exit status 3)",
         )
-        self.emit(event, level="error", remedy=remedy, **fields)
+        self.emit(event, level="error", remedy=remedy, always=True, **fields)  # not the skip's
         findings._strict_finding()
