@@ -419,3 +419,71 @@ def test_a_parameter_outside_any_module_of_an_optimizer_gone_is_named_at_exit(
     assert "done" in result.stdout and result.returncode == status, result.stderr
     assert "[grad_health/lost_gradient] 1 parameter(s) of a Adam gone before exit" in result.stderr
     assert "<a parameter of shape (1, 60)>" in result.stderr
+
+
+# -- in a child interpreter: whatever is freed when, nothing at shutdown ------------------
+
+FREED = """
+import torch
+
+def make():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+    spare = torch.nn.Linear(3, 3)  # defined, never called
+    optimizer = torch.optim.SGD([*model.parameters(), *spare.parameters()], lr=0.01)
+    return model, spare, optimizer
+
+def fit(model, optimizer):
+    for step in range(20):
+        optimizer.zero_grad()
+        model(torch.randn(4, 4)).pow(2).mean().backward()
+        optimizer.step()
+
+{program}
+print("done")
+"""
+ORDERS = {
+    # module-level globals, alive until the interpreter shuts down
+    "alive at exit": "model, spare, optimizer = make()\nfit(model, optimizer)",
+    # a test function's end: the model's locals go before the optimizer's
+    "freed in a function": (
+        "def run():\n    model, spare, optimizer = make()\n    fit(model, optimizer)\n\nrun()"
+    ),
+    "optimizer freed first": (
+        "model, spare, optimizer = make()\nfit(model, optimizer)\ndel optimizer\ndel model, spare"
+    ),
+    "model freed first": (
+        "model, spare, optimizer = make()\nfit(model, optimizer)\ndel model, spare\ndel optimizer"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def unguarded_status(guard_python, tmp_path_factory) -> dict[str, int]:
+    """Each program's exit status without the guard."""
+    cwd = tmp_path_factory.mktemp("unguarded")
+    statuses = {}
+    for order, program in ORDERS.items():
+        result = run_python(guard_python, FREED.format(program=program), cwd, check=False,
+                            AUTOGRAD_GUARD="off")  # fmt: skip
+        assert "done" in result.stdout and result.stderr == "", result.stderr
+        statuses[order] = result.returncode
+    return statuses
+
+
+@pytest.mark.parametrize("mode", ["observe", "fix", "strict"])
+@pytest.mark.parametrize("order", list(ORDERS))
+def test_a_layer_never_called_stays_a_note_and_shutdown_prints_nothing(
+    guard_python, tmp_path, unguarded_status, order, mode
+):
+    # the shape of Lightning's test_eval_mode_warning: at exit a finalizer imported
+    # ("Exception ignored in ... Records._dropper.<locals>.drop ... sys.meta_path is
+    # None"), and an optimizer freed after its model named the layer a lost_gradient
+    program = FREED.format(program=ORDERS[order])
+    result = run_python(guard_python, program, tmp_path, check=False, AUTOGRAD_GUARD=mode)
+    assert "done" in result.stdout
+    assert result.returncode == unguarded_status[order], result.stderr
+    assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr
+    assert "lost_gradient" not in result.stderr, result.stderr
+    [note] = [line for line in result.stderr.splitlines() if "unused_parameter" in line]
+    assert "2 parameter(s)" in note and "never ran in the forward pass" in note
+    assert ": weight, bias at " in note, note

@@ -256,6 +256,7 @@ class Findings:
                     remedy="the nonfinite_gradient events name the parameters; a skipped "
                     "step does not train",
                 )
+        self._records.over = True  # what is freed from now on says nothing (shutdown)
 
 
 def _short(line: str, site: str) -> str:

@@ -51,6 +51,8 @@ class Record:
         "suspect",
         "trained",
         "unknown_shapes",
+        "unused",
+        "unused_shapes",
         "waiting",
         "watch",
         "zero_in_a_row",
@@ -66,6 +68,10 @@ class Record:
         self.skipped = 0  # steps skipped (fix)
         self.lost_shapes: list[tuple[int, ...]] = []  # never trained, once retired
         self.unknown_shapes: list[tuple[int, ...]] = []  # the same, never watched
+        # names of waiting parameters whose module never ran, taken when a watch is read
+        # (their modules may be gone before the optimizer); once retired, (name, shape)
+        self.unused: dict[int, str] = {}
+        self.unused_shapes: list[tuple[str, tuple[int, ...]]] = []
         self.watch: ForwardWatch | None = None  # the modules called in one step's forward
         self.ran: set[int] | None = None  # ids of parameters whose module ran, once watched
         self.forward = False  # some module ran while watched
@@ -128,27 +134,29 @@ class Record:
         ]
 
     def retire(self) -> None:
-        """Its optimizer is gone (its parameters may follow): what is said of them at
-        exit is taken now, as shapes, holding no tensor (those whose module never ran are
-        left unsaid)."""
-        if self.watch is not None:
-            self.watch.close()
+        """Its optimizer is gone (its parameters, and their modules, may be gone before
+        it): what is said of them at exit is taken now, as names and shapes, holding no
+        tensor. Whether their modules ran was read when its watch was (``usage.read``),
+        or is read now from a watch that saw a forward pass; nothing is imported (this
+        may run while the interpreter shuts down)."""
+        watch = self.watch
+        if watch is not None:
+            watch.close()
             self.watch = None
-        ran = self.ran
-        never = self.never_trained()
-        self.lost_shapes = [tuple(p.shape) for p in never if ran is not None and id(p) in ran]
-        self.unknown_shapes = [tuple(p.shape) for p in never] if ran is None else []
-        if ran is not None and never:  # outside any module: unknown, as sort() says
-            from autograd_guard.guards.grad_health.check import parameter_names
-
-            names = parameter_names(never)
-            self.unknown_shapes = [
-                tuple(p.shape)
-                for p, name in zip(never, names, strict=True)
-                if id(p) not in ran and name.startswith("<unnamed")
-            ]
+            if watch.calls:  # forward passes since its last step
+                self.ran, self.forward = watch.seen, True
+        ran, never = self.ran, self.never_trained()
+        if ran is None:
+            self.unknown_shapes = [tuple(p.shape) for p in never]
+        else:
+            self.lost_shapes = [tuple(p.shape) for p in never if id(p) in ran]
+            quiet = [p for p in never if id(p) not in ran]
+            self.unused_shapes = [
+                (self.unused[id(p)], tuple(p.shape)) for p in quiet if id(p) in self.unused
+            ]  # outside any module: unknown, as usage.sort() says
+            self.unknown_shapes = [tuple(p.shape) for p in quiet if id(p) not in self.unused]
         self.gone = True
-        self.waiting = {}
+        self.waiting, self.unused = {}, {}
         self.pending.clear()
         self.sharing = None
 
@@ -173,6 +181,7 @@ class Records:
         self._by_id: dict[int, tuple[Any, Record]] = {}
         self.retired: list[Record] = []  # of optimizers collected before exit
         self.steps = 0  # optimizer steps seen, of every optimizer (the run's last line)
+        self.over = False  # the run's last word was said: an optimizer dropped says nothing
 
     def get(self, optimizer: Any) -> Record:
         key = id(optimizer)
@@ -189,11 +198,18 @@ class Records:
 
     def _dropper(self, key: int) -> Any:
         def drop(_: Any) -> None:
-            entry = self._by_id.pop(key, None)
-            if entry is not None and (entry[1].skipped or entry[1].waiting or entry[1].watch):
+            """Never raises nor prints: it may run while the interpreter shuts down, where
+            nothing is said of it any more (``over``)."""
+            try:
+                entry = self._by_id.pop(key, None)
+                if self.over or entry is None:
+                    return
                 record = entry[1]
-                record.retire()
-                self.retired.append(record)  # what is said of it at exit
+                if record.skipped or record.waiting or record.watch:
+                    record.retire()
+                    self.retired.append(record)  # what is said of it at exit
+            except Exception:  # a finalizer: nothing may escape it
+                pass
 
         return drop
 

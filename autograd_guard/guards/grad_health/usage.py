@@ -62,13 +62,20 @@ UNKNOWN = "belongs to no module, so whether it was used in the forward pass cann
 
 def read(record: Record, params: list[Any], new_params: bool) -> None:
     """Before a step's lost-gradient count: a watch that saw a step's forward passes (or
-    whose parameters changed) is read and closed; parameters added are watched anew."""
+    whose parameters changed) is read and closed; parameters added are watched anew. The
+    names of those still waiting whose module never ran are kept (one scan of live
+    modules, where there are any): an optimizer freed after its model says them at exit."""
     watch = record.watch
     if watch is not None and (record.step > watch.step or new_params):
         watch.close()
         record.watch = None
         record.ran, record.forward = watch.seen, bool(watch.calls)
         record.empty_judged = any(id(p) in watch.seen for p in params if p.requires_grad)
+        quiet = [p for p, _ in record.waiting.values() if id(p) not in watch.seen]
+        names = parameter_names(quiet) if quiet else []  # for after their modules are gone
+        record.unused = {
+            id(p): name for p, name in zip(quiet, names, strict=True) if not name.startswith("<")
+        }
     if new_params:
         record.ran = None
 
@@ -161,7 +168,8 @@ class UsageFlow:
         site = site or self._sites.site(optimizer)
         lost, unused, unknown = sort(record, due)
         if unused:
-            self._usage_note(site, unused, steps, record)
+            shapes = [tuple(p.shape) for p in unused]
+            self._usage_note(site, parameter_names(unused), shapes, steps, record)
         if unknown:
             self._lost_event(optimizer, site, parameter_names(unknown), unknown, steps, False)
         if lost:
@@ -234,21 +242,32 @@ class UsageFlow:
                 if shapes:
                     names = [f"<a parameter of shape {shape}>" for shape in shapes]
                     self._lost_event(None, site, names, None, record.step, known, gone, shapes)
+            if record.unused_shapes:
+                names = [name for name, _ in record.unused_shapes]
+                shapes = [shape for _, shape in record.unused_shapes]
+                self._usage_note(site, names, shapes, record.step, record, gone)
 
-    def _usage_note(self, site: str, params: list[Any], steps: int, record: Record) -> None:
-        names = parameter_names(params)
+    def _usage_note(
+        self,
+        site: str,
+        names: list[str],
+        shapes: list[tuple[int, ...]],
+        steps: int,
+        record: Record,
+        owner: str = "",
+    ) -> None:
         how = (
             "their modules never ran in the forward pass (defined but never called in forward?)"
             if record.forward
             else "no module ran a forward pass while they were watched (gradients set by hand?)"
         )
         self.emit(
-            f"{len(names)} parameter(s) of this {record.kind} got no gradient in {steps} "
-            f"optimizer steps and {how}: {', '.join(names)}",
+            f"{len(names)} parameter(s){owner or f' of this {record.kind}'} got no gradient in "
+            f"{steps} optimizer steps and {how}: {', '.join(names)}",
             action="unused_parameter",
             callsite=site,
             level="info",
             remedy=UNUSED_REMEDY,
             parameters=names,
-            shapes=[list(p.shape) for p in params],
+            shapes=[list(shape) for shape in shapes],
         )
