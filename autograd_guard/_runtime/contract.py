@@ -27,6 +27,7 @@ HOOKS = {
     "_needed": (),
     "_attach": ("module", "target"),
     "_detach": (),
+    "_prelude": ("module", "target"),
     "_check_for": ("target",),
     "_handler_for": ("target",),
     "_traced": ("target", "original"),

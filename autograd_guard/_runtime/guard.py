@@ -124,6 +124,11 @@ class Guard(Interventions):
     def _detach(self) -> None:
         """Remove what ``_attach`` added (the engine undoes the patches)."""
 
+    def _prelude(self, module: ModuleType, target: Target) -> bool:
+        """Instead of a wrapper: the guard compiled its check into ``target`` itself (no
+        frame of its own); True where it did (``_detach`` undoes it), False to wrap."""
+        return False
+
     def _check_for(self, target: Target) -> Check:
         """The ``risky`` test for ``target``: its own ``check`` method, else ``risky``."""
         return getattr(self, target.check) if target.check else self.risky
@@ -189,6 +194,9 @@ class Guard(Interventions):
             self._attach(module, target)
             if target is None:
                 self.set_state("hooked", f"into {module.__name__}")
+            elif self._prelude(module, target):
+                self.set_state("patched", f"{target}: a prelude compiled into it")
+                self.places.append(str(target))
             else:
                 self._wrap(module, target, late)
         except Exception as exc:

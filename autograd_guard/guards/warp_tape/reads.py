@@ -35,10 +35,14 @@ class TapeReads:
         self.fresh: dict[int, Any] = {}
         self.versions: dict[int, list[Version]] = {}
 
-    def note(self, index: int, inputs: Any, array: Any, site: tuple[CodeType, int]) -> None:
+    def note(
+        self, index: int, inputs: Any, array: Any, site: tuple[CodeType, int], read: Any
+    ) -> None:
+        """The ``wp.array`` values of ``inputs`` at the positions in ``read`` (those its
+        kernel reads), read by the recorded launch ``index``."""
         log, fresh, versions = self.log, self.fresh, self.versions
         for position, value in enumerate(inputs):
-            if type(value) is array or isinstance(value, array):
+            if position in read and (type(value) is array or isinstance(value, array)):
                 key = id(value)
                 fresh[key] = value
                 log.append((index, position, value, site, len(versions.get(key, ()))))
