@@ -12,8 +12,9 @@ only prints.
 Affected: every warp-lang version (open in 1.19).
 Upstream: NVIDIA/warp#1350, "wp.Tape: backward() evaluates at current array state, not
 forward values".
-Remedy: while a tape records, the guard notes the arrays each launch reads (``inputs``);
-before a write changes one, its contents are copied once (copy-on-write). At
+Remedy: while a tape records, the guard notes the arrays each launch reads (the ``inputs``
+its kernel reads, from the kernel's own source: ``.access``); before a write changes one,
+its contents are copied once (copy-on-write). At
 ``backward()``, ``observe`` names each overwritten array, the launch that read it and the
 write that changed it, with their lines; ``strict`` raises there; ``fix`` gives each
 recorded launch's adjoint the copy of what it read: the gradient of the program as written
@@ -22,10 +23,12 @@ are forgotten once ``backward()`` ran and at ``tape.reset()``: buffers reused af
 Warp's idiom (a second ``backward()`` of the same recording is neither fixed nor named).
 Warp's record of each launch's caller (its visualisation names it) stays the user's frame.
 
-Writes it sees: the ``outputs`` of ``wp.launch``, the destination of ``wp.copy`` (and so
-of ``wp.clone``), ``array.assign``, ``fill_`` and ``zero_``, and a host array whose
-``.numpy()`` view was taken after the read (compared at ``backward()``). Writes it cannot
-see: a kernel writing through an array passed in ``inputs``, a raw pointer (``array.ptr``,
+Writes it sees: the ``outputs`` of ``wp.launch`` and the ``inputs`` its kernel may write
+(Warp's examples pass every array in ``inputs``; such a copy is compared at
+``backward()``), recorded or not, Warp's own launches with ``record_tape=False`` among
+them; the destination of ``wp.copy`` (and so of ``wp.clone``), ``array.assign``, ``fill_``
+and ``zero_``; a host array whose ``.numpy()`` view was taken after the read (compared at
+``backward()``). Writes it cannot see: a raw pointer (``array.ptr``,
 ctypes), another Warp array over the same memory (arrays are known by identity: a write
 to the slice ``x[0:2]`` of an ``x`` that was read goes unseen, and the other way round),
 another framework's view of it (``wp.to_torch``, ``wp.from_torch``, DLPack), the adjoints
@@ -33,9 +36,13 @@ of ``tape.record_func`` callbacks, a ``Launch`` object's replay (``record_cmd=Tr
 CUDA graph replay (``wp.capture_launch``); inside a graph capture it neither copies nor
 reports.
 
-Cost: while no tape records and none keeps reads, the wrappers do not run (``.switch``,
-wrapt's ``enabled``): ``wp.launch`` and ``wp.copy`` cost what they cost unguarded, array
-methods ~1 us more (binding through the proxy). Not seen: a recording started without
+Cost: ``wp.launch`` is not wrapped: its own code is compiled anew from Warp's source with
+one statement first, which calls the guard while it is switched on (``.prelude``, verified
+against the loaded code; the wrapper where that fails). No frame of the guard's comes
+between the caller and Warp: its record of the caller, tracebacks and ``tape.launches``
+are as unguarded. While no tape records and none keeps reads, the switch is off
+(``.switch``): ``wp.launch`` pays a global's truth test, ``wp.copy`` wrapt's C-level call,
+array methods ~1 us more (binding through the proxy). Not seen: a recording started without
 ``Tape.__enter__`` (``runtime.tape`` set by hand, a subclass whose ``__enter__`` skips
 ``super()``). Rebinding the functions at ``__enter__`` would miss earlier references.
 """
@@ -87,6 +94,11 @@ class WarpTape(_launch.Launches, Guard):
         # 1.9 and in warp._src.types since, and the shim warp.types no longer exports it
         *(_watch("warp", f"array.{name}", "_write_check", "_write") for name in ARRAY_WRITES),
         *(_watch(m, f"Tape.{name}", "_tape_check", f"_{name}") for m in TAPES for name in ENDS),
+        # Warp's record of a launch's caller, where another guard's wrapper called it
+        *(
+            Target(m, "Tape.record_launch", handle="_record_launch", switch="_mending")
+            for m in TAPES
+        ),
         # a recording starts and ends: the targets above are switched on and off
         *(Target(m, f"Tape.{name}", handle=f"_{name[2:-2]}") for m in TAPES for name in SCOPE),
     )
@@ -100,6 +112,7 @@ class WarpTape(_launch.Launches, Guard):
         self._replay: dict[int, list[dict[int, Any]]] | None = None  # fix, in backward()
         self._busy = False  # the guard's own copies
         self._compiled: tuple[Any, Any] | None = None  # see .launch
+        self._mending: list[Any] = []  # see .launch
         self._kernels: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = (
             weakref.WeakKeyDictionary()
         )  # what each kernel reads and writes (see .access)

@@ -42,6 +42,7 @@ class Launches:
     _busy: bool
     _kernels: weakref.WeakKeyDictionary[Any, _access.Access]
     _wanted: list[Any]
+    _mending: list[Any]  # the switch of Tape.record_launch's wrapper: a frame to mend from
     _compiled: tuple[Any, CodeType] | None  # wp.launch with its prelude, its own code
     active: bool
 
@@ -84,11 +85,23 @@ class Launches:
                 return inputs  # an adjoint, or a Launch object run later by Warp alone
             runtime = self._context.runtime
             tape = runtime.tape if record and runtime is not None else None
-            if tape is not None or self._live:  # the frame that called wp.launch
-                self._launching(kernel, inputs, outputs, tape, sys._getframe(2))
+            if tape is not None or self._live:
+                frame = sys._getframe(2)  # the frame that called wp.launch
+                if tape is not None and frame.f_code.co_filename.startswith(_reads.OWN):
+                    self._mending[:] = [frame]  # another guard's wrapper: see _record_launch
+                self._launching(kernel, inputs, outputs, tape, frame)
         except Exception as exc:  # fail open: the launch runs as it was called
             self.fail("remedy", exc)
         return inputs
+
+    def _record_launch(self, call: Call) -> Any:
+        """``Tape.record_launch``, switched on by the prelude for one launch that another
+        guard's wrapper called (``warp_torch_args``): Warp names that wrapper's frame as
+        the launch's caller; the first frame above it outside this package takes its place."""
+        frame, self._mending[:] = self._mending[0], []
+        result = call.proceed()
+        _reads.mend_caller(call.instance.launches[-1], frame)
+        return result
 
     # -- wp.launch wrapped (where its prelude could not be compiled) ----------------------
 
