@@ -537,3 +537,38 @@ def test_launch_has_a_prelude_undone_at_uninstall(tmp_path, warp_cache, version)
     guarded = run(version, {"mode": "fix"}, tmp_path, warp_cache, script=PRELUDE)
     assert unguarded["frames"][:2] == ["frames", "launch"]
     assert guarded == {**unguarded, "global": True}
+
+
+# A Launch kept with record_cmd=True and run later by cmd.launch() writes what its kernel
+# writes: Warp 1.16 and newer keep its arrays (fwd_args), so the guard sees the write;
+# 1.5.1 keeps only packed parameters, and the write goes unseen (documented).
+REPLAY = (
+    PREAMBLE
+    + KERNELS
+    + ARRAYS
+    + """
+xv = arr([10.0, 20.0, 30.0])
+command = wp.launch(predict, 3, inputs=[w, xv, y], record_cmd=True)
+tape = wp.Tape()
+with capture_events() as events:
+    with tape:
+        wp.launch(predict, 3, inputs=[w, x], outputs=[y])
+        wp.launch(sq_loss, 3, inputs=[y, t], outputs=[loss])
+    command.launch()  # overwrites what sq_loss read
+    tape.backward(loss)
+print(json.dumps({"grad": w.grad.numpy().tolist(), "y": y.numpy().tolist(),
+                  "events": [e["arrays"][0]["written_by"] for e in events]}))
+"""
+)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_commands_replay_is_seen_where_warp_keeps_its_arrays(tmp_path, warp_cache, version):
+    unguarded = run(version, None, tmp_path, warp_cache, script=REPLAY)
+    assert unguarded["grad"] != REFERENCE and unguarded["events"] == []
+    fixed = run(version, {"mode": "fix"}, tmp_path, warp_cache, script=REPLAY)
+    if version == "1.5.1":
+        assert fixed == unguarded
+        return
+    assert fixed["grad"] == REFERENCE and fixed["y"] == unguarded["y"]
+    assert fixed["events"] == ["Launch.launch() of predict (parameter 'y')"]

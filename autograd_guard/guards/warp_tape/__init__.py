@@ -50,7 +50,6 @@ array methods ~1 us more (binding through the proxy). Not seen: a recording star
 from __future__ import annotations
 
 import sys
-import weakref
 
 from autograd_guard.guard import Call, Guard, Target, argument
 from autograd_guard.guards.warp_tape import launch as _launch
@@ -76,7 +75,7 @@ REMEDY = (
 
 def _watch(module: str, name: str, check: str, handle: str | None = None) -> Target:
     """A target whose wrapper runs only while the guard is switched on (``_wanted``)."""
-    alias = (f"warp:{name}",) if module in CONTEXTS else ()
+    alias = (f"warp:{name}",) if module in CONTEXTS and "." not in name else ()
     return Target(module, name, alias, check=check, handle=handle, switch="_wanted")
 
 
@@ -90,6 +89,7 @@ class WarpTape(_launch.Launches, Guard):
     targets = (
         *(_watch(m, "launch", "_launch_check") for m in CONTEXTS),
         *(_watch(m, "copy", "_write_check", "_write") for m in CONTEXTS),
+        *(_watch(m, "Launch.launch", "_command_check", "_command") for m in CONTEXTS),
         # wp.array's methods, through the package: the class lives in warp.types up to
         # 1.9 and in warp._src.types since, and the shim warp.types no longer exports it
         *(_watch("warp", f"array.{name}", "_write_check", "_write") for name in ARRAY_WRITES),
@@ -113,9 +113,9 @@ class WarpTape(_launch.Launches, Guard):
         self._busy = False  # the guard's own copies
         self._compiled: tuple[Any, Any] | None = None  # see .launch
         self._mending: list[Any] = []  # see .launch
-        self._kernels: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = (
-            weakref.WeakKeyDictionary()
-        )  # what each kernel reads and writes (see .access)
+        # what each kernel reads and writes (see .access); Warp's modules keep their kernels
+        # alive too (a dict: a weak one costs ~0.2 us more a launch)
+        self._kernels: dict[Any, tuple[Any, Any]] = {}
         # `_wanted`, the targets' switch, is its list; on, it holds wp.launch's prelude hook
         self._switch = _switch.Switch(self._launch_prelude)
         self._wanted = self._switch.on

@@ -11,7 +11,6 @@ that may write an array need not have changed it.
 from __future__ import annotations
 
 import sys
-import weakref
 
 from autograd_guard.guards.warp_tape import access as _access
 from autograd_guard.guards.warp_tape import prelude as _prelude
@@ -40,7 +39,7 @@ class Launches:
     _live: list[_reads.TapeReads]
     _replay: dict[int, list[dict[int, Any]]] | None
     _busy: bool
-    _kernels: weakref.WeakKeyDictionary[Any, _access.Access]
+    _kernels: dict[Any, _access.Access]
     _wanted: list[Any]
     _mending: list[Any]  # the switch of Tape.record_launch's wrapper: a frame to mend from
     _compiled: tuple[Any, CodeType] | None  # wp.launch with its prelude, its own code
@@ -103,6 +102,25 @@ class Launches:
         _reads.mend_caller(call.instance.launches[-1], frame)
         return result
 
+    # -- a Launch object's replay (record_cmd=True, then cmd.launch()) ----------------------
+
+    def _command_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        # Warp 1.16 and newer keep a command's arrays in fwd_args (inputs, then outputs);
+        # earlier ones keep only their packed parameters: unseen there
+        arrays = getattr(instance, "fwd_args", None)
+        if not self._live or self._busy or not arrays or instance.adjoint:
+            return False
+        return bool(self._writes(instance.kernel, arrays, (), self._access(instance.kernel)[1]))
+
+    def _command(self, call: Call) -> Any:
+        kernel, frame = call.instance.kernel, sys._getframe(1)
+        for array, label, _ in self._writes(
+            kernel, call.instance.fwd_args, (), self._access(kernel)[1]
+        ):
+            label = label.replace("input", "parameter")
+            self._before_write(array, f"Launch.launch() of {kernel.key} ({label})", frame, True)
+        return call.proceed()
+
     # -- wp.launch wrapped (where its prelude could not be compiled) ----------------------
 
     def _launch_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -136,6 +154,7 @@ class Launches:
                 kernel,
                 inputs if "inputs" in kwargs else inputs and inputs[0],
                 outputs if "outputs" in kwargs else outputs and outputs[0],
+                self._access(kernel)[1],
             )
         )
 
@@ -162,27 +181,32 @@ class Launches:
     ) -> None:
         """Before a launch runs: copies of what it writes that was read, then its reads
         (``tape``: the tape recording it, or None)."""
+        read, written = self._access(kernel)
         if self._live:
-            for array, label, of_input in self._writes(kernel, inputs, outputs):
+            for array, label, of_input in self._writes(kernel, inputs, outputs, written):
                 write = f"wp.launch of {kernel.key} ({label})"
                 self._before_write(array, write, frame, of_input)
         if tape is not None and inputs:
             reads = self._live[-1] if self._live else None
             if reads is None or reads.tape() is not tape:
                 reads = self._reads_of(tape)
-            read, _ = self._access(kernel)
             reads.note(len(tape.launches), inputs, self._array, _reads.caller(frame), read)
 
-    def _writes(self, kernel: Any, inputs: Any, outputs: Any) -> list[tuple[Any, str, bool]]:
-        """The arrays that a launch may write and a recorded launch read (their copies are
-        due), each with its parameter's name and whether it came in ``inputs``."""
+    def _writes(
+        self, kernel: Any, inputs: Any, outputs: Any, written: frozenset[int]
+    ) -> list[tuple[Any, str, bool]]:
+        """The arrays that a launch may write (``written``: its kernel's parameters that
+        may write) and a recorded launch read (their copies are due), each with its
+        parameter's name and whether it came in ``inputs``."""
         found: list[tuple[Any, str, bool]] = []
         live, count = self._live, len(inputs) if inputs else 0
-        if inputs:
-            _, written = self._access(kernel)
-            for position in written:
-                if position < count and _reads.changes_any(live, (inputs[position],)):
-                    found.append((inputs[position], _label(kernel, position, "input"), True))
+        for position in written:  # loops, not any(): a generator costs more here
+            if position < count:
+                key = id(inputs[position])
+                for reads in live:
+                    if key in reads.fresh:
+                        found.append((inputs[position], _label(kernel, position, "input"), True))
+                        break
         for position, value in enumerate(outputs or ()):
             if _reads.changes_any(live, (value,)):
                 found.append((value, _label(kernel, count + position, "output"), False))
