@@ -26,15 +26,17 @@ Warp's record of each launch's caller (its visualisation names it) stays the use
 Writes it sees: the ``outputs`` of ``wp.launch`` and the ``inputs`` its kernel may write
 (Warp's examples pass every array in ``inputs``; such a copy is compared at
 ``backward()``), recorded or not, Warp's own launches with ``record_tape=False`` among
-them; the destination of ``wp.copy`` (and so of ``wp.clone``), ``array.assign``, ``fill_``
-and ``zero_``; a host array whose ``.numpy()`` view was taken after the read (compared at
-``backward()``). Writes it cannot see: a raw pointer (``array.ptr``,
-ctypes), another Warp array over the same memory (arrays are known by identity: a write
-to the slice ``x[0:2]`` of an ``x`` that was read goes unseen, and the other way round),
-another framework's view of it (``wp.to_torch``, ``wp.from_torch``, DLPack), the adjoints
-of ``tape.record_func`` callbacks, a ``Launch`` object's replay (``record_cmd=True``) and a
-CUDA graph replay (``wp.capture_launch``); inside a graph capture it neither copies nor
-reports.
+them, and a ``Launch`` object's replay (``record_cmd=True``, then ``cmd.launch()``: Warp
+1.16 and newer keep its arrays); the destination of ``wp.copy`` (and so of ``wp.clone``),
+``array.assign``, ``fill_`` and ``zero_``; a host array whose ``.numpy()`` view was taken
+after the read (compared at ``backward()``). Writes it cannot see: a raw pointer
+(``array.ptr``, ctypes), another Warp array over the same memory (arrays are known by
+identity: a write to the slice ``x[0:2]`` of an ``x`` that was read goes unseen, and the
+other way round), another framework's view of it (``wp.to_torch``, ``wp.from_torch``,
+DLPack), the adjoints of ``tape.record_func`` callbacks, a ``Launch`` object's replay
+before Warp 1.16 (it keeps only packed parameters), and a CUDA graph replay
+(``wp.capture_launch``: the graph's kernels run without Python; inside a capture the guard
+neither copies nor reports).
 
 Cost: ``wp.launch`` is not wrapped: its own code is compiled anew from Warp's source with
 one statement first, which calls the guard while it is switched on (``.prelude``, verified
