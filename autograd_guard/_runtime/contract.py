@@ -40,6 +40,7 @@ PUBLIC = (
     "needed",
     "attach",
     "detach",
+    "prelude",
     "check_for",
     "handler_for",
     "traced",

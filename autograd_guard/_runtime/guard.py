@@ -21,8 +21,8 @@ library's and the user's exceptions pass through unchanged.
 
 The engine calls public methods, each of which calls the private hook of the same name
 that a guard may override, as OpenTelemetry's ``instrument()`` calls ``_instrument()``:
-``targets_to_wrap``, ``needed``, ``attach``, ``detach``, ``check_for``, ``handler_for``
-and ``traced``. A guard that wraps nothing (torch's global optimizer hooks) names
+``targets_to_wrap``, ``needed``, ``attach``, ``detach``, ``prelude``, ``check_for``,
+``handler_for`` and ``traced``. A guard that wraps nothing (torch's global optimizer hooks) names
 ``modules``: ``attach`` runs on each one's import with no target. Every guard class is
 checked against this contract when it is loaded (``_runtime.contract``).
 """
@@ -194,7 +194,7 @@ class Guard(Interventions):
             self._attach(module, target)
             if target is None:
                 self.set_state("hooked", f"into {module.__name__}")
-            elif self._prelude(module, target):
+            elif self.prelude(module, target):
                 self.set_state("patched", f"{target}: a prelude compiled into it")
                 self.places.append(str(target))
             else:
@@ -223,6 +223,9 @@ class Guard(Interventions):
         if self.mode in ("observe", "fix") or (self.mode == "strict" and self.traced_in_strict):
             return self._traced(target, original)
         return None
+
+    def prelude(self, module: ModuleType, target: Target) -> bool:
+        return self._prelude(module, target)
 
     def check_for(self, target: Target) -> Check:
         return self._check_for(target)
