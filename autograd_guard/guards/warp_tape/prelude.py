@@ -22,7 +22,6 @@ bytecode for the same reason: no frame of its own.)
 from __future__ import annotations
 
 import ast
-import inspect
 import linecache
 import types
 
@@ -31,6 +30,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+TOP_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_@")
+TOP_SKIP = (" ", "\t", "#", "\n", "\r", "")  # what no top-level statement starts with
+BLOCKS = ("if ", "try:", "else:", "elif ", "except", "finally:")
 # What the compiled code must share with the loaded code.
 SAME = (
     "co_code",
@@ -55,10 +57,11 @@ def install(
     code = function.__code__
     if name in function.__globals__:
         return None  # one prelude per name: another guard's (or an earlier install's)
-    built = _compile(function, None)
+    source = _source(function)
+    built = _compile(code, source, None)
     if built is None or not _same(built, code):
         return None
-    prelude = _compile(function, ast.parse(f"if {name}:\n    {call}\n").body[0])
+    prelude = _compile(code, source, ast.parse(f"if {name}:\n    {call}\n").body[0])
     if prelude is None or any(
         getattr(prelude, a) != getattr(code, a)
         for a in ("co_varnames", "co_freevars", "co_cellvars", "co_firstlineno")
@@ -75,25 +78,34 @@ def undo(function: Callable[..., Any], original: types.CodeType, name: str) -> N
     function.__globals__.pop(name, None)
 
 
-def _compile(function: Callable[..., Any], first: ast.stmt | None) -> types.CodeType | None:
-    """``function``'s code compiled anew from its source file, ``first`` put first in its
-    body (after its docstring); None where its source cannot be had or is not one plain
-    ``def`` at the module's top level."""
+def _source(function: Callable[..., Any]) -> str | None:
+    """The source of ``function``'s module as far as its ``def``: the module's imports on
+    the lines above it (the compiler treats a name an import binds differently:
+    ``ctypes.cast(...)`` is LOAD_ATTR, not LOAD_METHOD), then the ``def`` on its own line;
+    None where it cannot be had or is not one plain ``def`` at the module's top level."""
     code = function.__code__
-    try:
-        lines, start = inspect.getsourcelines(function)
-    except (OSError, TypeError):
-        return None
+    start = code.co_firstlineno
+    lines = linecache.getlines(code.co_filename)[start - 1 :]
     if not lines or not lines[0].startswith(("def ", "async def ")):
-        return None  # decorated, or nested: its code is not made by this def alone
+        return None  # decorated, nested, or no source: not made by this def alone
+    # up to the next top-level statement (inspect.getblock tokenizes: 50 ms here)
+    end = next((i for i, line in enumerate(lines[1:], 1) if line[:1] in TOP_START), None)
+    lines = lines[:end]
     imports = _module_imports(code.co_filename, start)
     if imports is None:
         return None
-    # the module's imports first, on the lines above the def: the compiler treats a name
-    # bound by an import differently (ctypes.cast(...): LOAD_ATTR, not LOAD_METHOD)
-    head = "\n".join(imports) + "\n" * (start - len(imports))
+    return "\n".join(imports) + "\n" * (start - len(imports)) + "".join(lines)
+
+
+def _compile(
+    code: types.CodeType, source: str | None, first: ast.stmt | None
+) -> types.CodeType | None:
+    """The function of ``source`` compiled anew, ``first`` put first in its body (after
+    its docstring)."""
+    if source is None:
+        return None
     try:
-        tree = ast.parse(head + "".join(lines))
+        tree = ast.parse(source)
     except SyntaxError:
         return None
     *_, definition = tree.body
@@ -135,12 +147,15 @@ def _module_imports(filename: str, start: int) -> list[str] | None:
     lines = linecache.getlines(filename)[: start - 1]
     found: list[str] = []
     block, index = False, 0
-    while index < len(lines):
+    while index < len(lines):  # plain tests first: Warp's context module has 17,000 lines
         line = lines[index]
-        text, indent = line.strip(), len(line) - len(line.lstrip())
-        if indent == 0 and text and not text.startswith("#"):
-            block = text.startswith(("if ", "try:", "else:", "elif ", "except", "finally:"))
-        if text.startswith(("import ", "from ")) and (indent == 0 or (block and indent == 4)):
+        if line[:1] not in TOP_SKIP:  # a top-level statement
+            block = line.startswith(BLOCKS)
+            text = line if line.startswith(("import ", "from ")) else ""
+        else:
+            text = line[4:] if block and line.startswith(("    import ", "    from ")) else ""
+        if text:
+            text = text.strip()
             while text.count("(") > text.count(")") or text.endswith("\\"):
                 index += 1
                 if index >= len(lines):
