@@ -96,11 +96,6 @@ class WarpTape(_launch.Launches, Guard):
         # 1.9 and in warp._src.types since, and the shim warp.types no longer exports it
         *(_watch("warp", f"array.{name}", "_write_check", "_write") for name in ARRAY_WRITES),
         *(_watch(m, f"Tape.{name}", "_tape_check", f"_{name}") for m in TAPES for name in ENDS),
-        # Warp's record of a launch's caller, where another guard's wrapper called it
-        *(
-            Target(m, "Tape.record_launch", handle="_record_launch", switch="_mending")
-            for m in TAPES
-        ),
         # a recording starts and ends: the targets above are switched on and off
         *(Target(m, f"Tape.{name}", handle=f"_{name[2:-2]}") for m in TAPES for name in SCOPE),
     )
@@ -114,7 +109,7 @@ class WarpTape(_launch.Launches, Guard):
         self._replay: dict[int, list[dict[int, Any]]] | None = None  # fix, in backward()
         self._busy = False  # the guard's own copies
         self._compiled: tuple[Any, Any] | None = None  # see .launch
-        self._mending: list[Any] = []  # see .launch
+        self._mending: list[Any] = []  # see .launch (mend)
         # what each kernel reads and writes (see .access); Warp's modules keep their kernels
         # alive too (a dict: a weak one costs ~0.2 us more a launch)
         self._kernels: dict[Any, tuple[Any, Any]] = {}
@@ -144,6 +139,7 @@ class WarpTape(_launch.Launches, Guard):
             return call.proceed()
         finally:  # Warp raises if no tape records: counted out all the same
             self._switch.exited()
+            self.mend()
             self._settle()
 
     def _settle(self) -> None:
