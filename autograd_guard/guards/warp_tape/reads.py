@@ -39,13 +39,16 @@ class TapeReads:
         self, index: int, inputs: Any, array: Any, site: tuple[CodeType, int], read: Any
     ) -> None:
         """The ``wp.array`` values of ``inputs`` at the positions in ``read`` (those its
-        kernel reads), read by the recorded launch ``index``."""
-        log, fresh, versions = self.log, self.fresh, self.versions
-        for position, value in enumerate(inputs):
-            if position in read and (type(value) is array or isinstance(value, array)):
-                key = id(value)
-                fresh[key] = value
-                log.append((index, position, value, site, len(versions.get(key, ()))))
+        kernel reads, in order), read by the recorded launch ``index``."""
+        fresh, count = self.fresh, len(inputs)
+        for position in read:
+            if position < count:
+                value = inputs[position]
+                if type(value) is array or isinstance(value, array):
+                    key = id(value)
+                    fresh[key] = value
+                    versions = self.versions.get(key)
+                    self.log.append((index, position, value, site, len(versions or ())))
 
     def stale(self) -> list[Read]:
         """The reads whose contents have changed since. A ``.numpy()`` view that was not
