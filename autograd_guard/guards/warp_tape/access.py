@@ -16,12 +16,14 @@ kernel cache has every mark False. So the guard reads the tree itself, erring to
 - anything else (a view ``a[i]`` of a 2-D array, ``b = a``, ``f(a)`` for a ``wp.func``
   or another builtin, another augmented assignment) reads and writes it.
 
-A kernel whose tree cannot be read has every array parameter read and written.
+A kernel whose tree cannot be read has every array parameter read and written, and so has
+a generic parameter (``typing.Any``), which may be an array.
 """
 
 from __future__ import annotations
 
 import ast
+import typing
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,15 +34,16 @@ if TYPE_CHECKING:
 STORES = frozenset({"atomic_add", "atomic_sub", "array_store", "tile_store", "tile_atomic_add"})
 READ_ONLY = frozenset({"len", "tile_load", "lower_bound"})
 READ, WRITE, BOTH = 1, 2, 3
+ANY = 64  # a generic parameter's dimensions: no subscript reaches an element
 
 
 def of(kernel: Any) -> Access:
     """``kernel``'s parameters, by position, that may read and that may write an array."""
     params = kernel.adj.args
     arrays: dict[str, tuple[int, int]] = {
-        p.label: (i, p.type.ndim)
-        for i, p in enumerate(params)
-        if isinstance(getattr(p.type, "ndim", None), int)  # array types have ndim
+        p.label: (i, ANY if p.type is typing.Any else p.type.ndim)
+        for i, p in enumerate(params)  # array types have ndim; a generic one may be one
+        if p.type is typing.Any or isinstance(getattr(p.type, "ndim", None), int)
     }
     try:
         uses = _uses(kernel.adj.tree.body[0], {k: v[1] for k, v in arrays.items()})
