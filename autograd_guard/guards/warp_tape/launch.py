@@ -41,7 +41,7 @@ class Launches:
     _busy: bool
     _kernels: dict[Any, _access.Access]
     _wanted: list[Any]
-    _mending: list[tuple[Any, int, FrameType]]  # launches whose recorded caller to mend
+    _mending: list[tuple[Any, int, dict[str, Any]]]  # launches whose recorded caller to mend
     _compiled: tuple[Any, CodeType] | None  # wp.launch with its prelude, its own code
     active: bool
 
@@ -90,7 +90,8 @@ class Launches:
                 frame = sys._getframe(2)  # the frame that called wp.launch
                 if tape is not None and frame.f_code.co_filename.startswith(_reads.OWN):
                     # another guard's wrapper (warp_torch_args): Warp records its frame
-                    self._mending.append((tape, len(tape.launches), frame))
+                    caller = _reads.caller_record(frame)  # its line now, not at the mend
+                    self._mending.append((tape, len(tape.launches), caller))
                 self._launching(kernel, inputs, outputs, tape, frame)
         except Exception as exc:  # fail open: the launch runs as it was called
             self.fail("remedy", exc)
@@ -102,9 +103,9 @@ class Launches:
         the next launch and when the recording ends (no hook runs after Warp records:
         wrapping ``Tape.record_launch`` would cost each recorded launch ~0.4 us)."""
         mending, self._mending = self._mending, []
-        for tape, index, frame in mending:
+        for tape, index, caller in mending:
             if index < len(tape.launches):
-                _reads.mend_caller(tape.launches[index], frame)
+                _reads.mend_caller(tape.launches[index], caller)
 
     # -- a Launch object's replay (record_cmd=True, then cmd.launch()) ----------------------
 
@@ -177,7 +178,7 @@ class Launches:
         count = len(tape.launches)
         result = call.proceed()
         if len(tape.launches) > count:  # Warp named this handler's frame as the caller
-            _reads.mend_caller(tape.launches[-1], sys._getframe(1))
+            _reads.mend_caller(tape.launches[-1], _reads.caller_record(sys._getframe(1)))
         return result
 
     def _launching(

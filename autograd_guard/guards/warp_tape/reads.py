@@ -88,18 +88,23 @@ def caller(frame: FrameType) -> tuple[CodeType, int]:
     return frame.f_code, frame.f_lasti
 
 
-def mend_caller(entry: Any, frame: FrameType) -> None:
+def caller_record(frame: FrameType) -> dict[str, Any]:
+    """Warp's record of a launch's caller for ``outside(frame)``, as it is now."""
+    frame = outside(frame)
+    code = frame.f_code
+    return {"file": code.co_filename, "lineno": frame.f_lineno, "func": code.co_name}
+
+
+def mend_caller(entry: Any, caller: dict[str, Any]) -> None:
     """Warp records the frame that called its ``launch`` as a launch's caller (its tape
-    visualisation names it): that was a wrapper of this package, at or below ``frame``.
-    The first frame above outside this package takes its place, as unguarded."""
+    visualisation names it): where that was a wrapper of this package, ``caller`` (the
+    first frame above it outside this package, when it called) takes its place."""
     metadata = entry[-1] if isinstance(entry, list) and entry else None
     if not isinstance(metadata, dict):
         return
     recorded = metadata.get("caller")
     if isinstance(recorded, dict) and str(recorded.get("file", "")).startswith(OWN):
-        frame = outside(frame)
-        code, lineno = frame.f_code, frame.f_lineno
-        metadata["caller"] = {"file": code.co_filename, "lineno": lineno, "func": code.co_name}
+        metadata["caller"] = caller
 
 
 def line(site: tuple[CodeType, int]) -> str:
