@@ -109,7 +109,7 @@ class WarpTape(_launch.Launches, Guard):
         self._replay: dict[int, list[dict[int, Any]]] | None = None  # fix, in backward()
         self._busy = False  # the guard's own copies
         self._compiled: tuple[Any, Any] | None = None  # see .launch
-        self._mending: list[Any] = []  # see .launch (mend)
+        self._mending: list[Any] = []  # see .launch (_mend)
         # what each kernel reads and writes (see .access); Warp's modules keep their kernels
         # alive too (a dict: a weak one costs ~0.2 us more a launch)
         self._kernels: dict[Any, tuple[Any, Any]] = {}
@@ -139,7 +139,7 @@ class WarpTape(_launch.Launches, Guard):
             return call.proceed()
         finally:  # Warp raises if no tape records: counted out all the same
             self._switch.exited()
-            self.mend()
+            self._mend()
             self._settle()
 
     def _settle(self) -> None:

@@ -79,7 +79,7 @@ class Launches:
             return inputs
         try:
             if self._mending:
-                self.mend()
+                self._mend()
             if self._replay is not None:
                 return self._given(inputs) if adjoint else inputs
             if adjoint or command:
@@ -97,7 +97,7 @@ class Launches:
             self.fail("remedy", exc)
         return inputs
 
-    def mend(self) -> None:
+    def _mend(self) -> None:
         """Warp's record of a launch's caller, where another guard's wrapper called it:
         the first frame above that wrapper outside this package takes its place. Done at
         the next launch and when the recording ends (no hook runs after Warp records:
