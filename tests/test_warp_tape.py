@@ -40,6 +40,8 @@ KINDS = [
     "recorded launch",
     "launch by position",
     "recorded by position",
+    "launch through inputs",
+    "recorded through inputs",
     "copy",
     "assign",
     "fill_",
@@ -59,6 +61,8 @@ def overwrite(kind, y, w):
         wp.launch(predict, 3, inputs=[w, xv], outputs=[y])  # WRITE
     elif kind == "launch by position":
         wp.launch(predict, 3, [w, xv], [y])  # WRITE
+    elif kind == "launch through inputs":  # Warp's own examples' form: y in inputs
+        wp.launch(predict, 3, inputs=[w, xv, y])  # WRITE
     elif kind == "copy":
         wp.copy(y, xv)  # WRITE
     elif kind == "assign":
@@ -85,6 +89,8 @@ for kind in ["none", *KINDS, "numpy read"]:
                     wp.launch(predict, 3, inputs=[w, xv], outputs=[y])  # WRITE
                 elif kind == "recorded by position":  # its reads and its write
                     wp.launch(predict, 3, [w, xv], [y])  # WRITE
+                elif kind == "recorded through inputs":
+                    wp.launch(predict, 3, inputs=[w, xv, y])  # WRITE
             overwrite(kind, y, w)
             current = y.numpy().tolist()
             tape.backward(loss)  # BACKWARD
@@ -148,9 +154,9 @@ def test_observe_names_the_write_and_strict_raises_at_backward(tmp_path, warp_ca
         assert observed[kind]["grad"] == unguarded[kind]["grad"], kind  # observed, not fixed
         [event] = observed[kind]["events"]
         assert "fix gives each launch" in event["event"]
-        launched = "launch" in kind or "position" in kind
+        launched = "launch" in kind or "position" in kind or "inputs" in kind
         assert event["arrays"][0]["written_by"].startswith(
-            "wp.launch of predict (output 'y')"
+            f"wp.launch of predict ({'input' if 'inputs' in kind else 'output'} 'y')"
             if launched
             else {"numpy": "a write through"}.get(kind, "")
         )
@@ -206,11 +212,20 @@ print(json.dumps({"history": history, "y": y.numpy().tolist(), "scoped": scoped,
 )
 
 
+def through_inputs(script: str) -> str:
+    """``script`` with every launch's outputs passed in its inputs (Warp's examples' form:
+    a kernel may write any array argument)."""
+    assert "], outputs=[" in script
+    return script.replace("], outputs=[", ", ")
+
+
 @pytest.mark.parametrize("version", VERSIONS)
-def test_warp_idioms_are_silent_and_bit_identical(tmp_path, warp_cache, version):
-    unguarded = run(version, None, tmp_path, warp_cache, script=IDIOMS)
+@pytest.mark.parametrize("form", ["outputs", "inputs"])
+def test_warp_idioms_are_silent_and_bit_identical(tmp_path, warp_cache, version, form):
+    script = IDIOMS if form == "outputs" else through_inputs(IDIOMS)
+    unguarded = run(version, None, tmp_path, warp_cache, script=script)
     for mode in ("observe", "fix", "strict"):
-        guarded = run(version, {"mode": mode}, tmp_path, warp_cache, script=IDIOMS)
+        guarded = run(version, {"mode": mode}, tmp_path, warp_cache, script=script)
         assert guarded == {**unguarded, "events": []}, mode
 
 
@@ -252,12 +267,14 @@ print(json.dumps({"reused": reused, "reference": reference, "events": events}))
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_fit_under_fix_is_the_fit_with_fresh_buffers(tmp_path, warp_cache, version):
-    unguarded = run(version, None, tmp_path, warp_cache, script=FIT)
+@pytest.mark.parametrize("form", ["outputs", "inputs"])
+def test_fit_under_fix_is_the_fit_with_fresh_buffers(tmp_path, warp_cache, version, form):
+    script = FIT if form == "outputs" else through_inputs(FIT)
+    unguarded = run(version, None, tmp_path, warp_cache, script=script)
     (w, _), (w_ref, loss_ref) = unguarded["reused"], unguarded["reference"]
     assert w_ref == pytest.approx([3.0, -1.0], abs=0.05) and loss_ref < 0.1
     assert abs(w[0] - 3.0) > 0.5  # the reused buffer's gradient: a wrong fit, silently
-    fixed = run(version, {"mode": "fix"}, tmp_path, warp_cache, script=FIT)
+    fixed = run(version, {"mode": "fix"}, tmp_path, warp_cache, script=script)
     assert fixed["reference"] == unguarded["reference"]
     assert fixed["reused"][0] == pytest.approx(w_ref, rel=1e-6, abs=1e-7)
     assert fixed["reused"][1] == pytest.approx(loss_ref, rel=1e-5, abs=1e-7)
@@ -354,6 +371,10 @@ PAUSED = (
 import threading
 context = wp._src.context if hasattr(wp, "_src") else wp.context
 xv, a = arr([10.0, 20.0, 30.0]), arr([1.0, 1.0, 1.0])
+
+def on():  # the guard's switch: wp.launch's prelude, or its wrapper (wrapt's enabled)
+    return bool(vars(context).get("__autograd_guard_warp_tape__")
+                or getattr(wp.launch, "_self_enabled", None))
 tape = wp.Tape()
 with capture_events() as events:
     with tape:
@@ -362,12 +383,12 @@ with capture_events() as events:
         context.runtime.tape = paused
         wp.launch(predict, 3, inputs=[w, x], outputs=[y])
         wp.launch(sq_loss, 3, inputs=[y, t], outputs=[loss])
-        switch = [bool(getattr(wp.launch, "_self_enabled", None))]  # the guard's (wrapt)
+        switch = [on()]
     side = threading.Thread(target=lambda: wp.launch(predict, 3, inputs=[w, x], outputs=[a]))
     side.start(); side.join()  # a launch on another thread, with no tape
     wp.launch(predict, 3, inputs=[w, xv], outputs=[y])  # overwrites what sq_loss read
     tape.backward(loss)
-    switch.append(bool(getattr(wp.launch, "_self_enabled", None)))
+    switch.append(on())
 print(json.dumps({"grad": w.grad.numpy().tolist(), "events": [e["action"] for e in events],
                   "switch": switch}))
 """
@@ -480,3 +501,76 @@ def test_a_backward_that_raised_leaves_the_retry_watched(tmp_path, warp_cache, v
     assert set(fixed["events"]) == {"overwritten"}
     strict = run(version, {"mode": "strict"}, tmp_path, warp_cache, script=RETRY)
     assert strict["errors"] == ["GuardError", "GuardError"]
+
+
+# wp.launch carries the guard's check compiled into its own code (a prelude): no wrapper,
+# no frame of the guard's between the caller and Warp; uninstall() puts Warp's code back.
+PRELUDE = (
+    PREAMBLE
+    + KERNELS
+    + ARRAYS
+    + """
+import traceback, types
+context = wp._src.context if hasattr(wp, "_src") else wp.context
+found = {"function": type(wp.launch) is types.FunctionType,
+         "global": "__autograd_guard_warp_tape__" in vars(context)}
+code = wp.launch.__code__
+def frames():
+    with wp.Tape():
+        try:
+            wp.launch(predict, 3, inputs=[w, x], outputs=[y], device="nowhere")
+        except Exception as exc:
+            return [f.name for f in traceback.extract_tb(exc.__traceback__)][:2]
+found["frames"] = frames()
+autograd_guard.uninstall()
+found["undone"] = [wp.launch.__code__ is not code if policy else True,
+                   "__autograd_guard_warp_tape__" not in vars(context)]
+found["after"] = frames()
+print(json.dumps(found))
+"""
+)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_launch_has_a_prelude_undone_at_uninstall(tmp_path, warp_cache, version):
+    unguarded = run(version, None, tmp_path, warp_cache, script=PRELUDE)
+    # warp_torch_args wraps wp.launch on 1.3-1.5 (NVIDIA/warp#394): warp_tape alone here
+    policy = {"mode": "fix", "disable": ["warp_torch_args"]}
+    guarded = run(version, policy, tmp_path, warp_cache, script=PRELUDE)
+    assert unguarded["frames"][:2] == ["frames", "launch"]
+    assert guarded == {**unguarded, "global": True}
+
+
+# A Launch kept with record_cmd=True and run later by cmd.launch() writes what its kernel
+# writes: Warp 1.16 and newer keep its arrays (fwd_args), so the guard sees the write;
+# 1.5.1 keeps only packed parameters, and the write goes unseen (documented).
+REPLAY = (
+    PREAMBLE
+    + KERNELS
+    + ARRAYS
+    + """
+xv = arr([10.0, 20.0, 30.0])
+command = wp.launch(predict, 3, inputs=[w, xv, y], record_cmd=True)
+tape = wp.Tape()
+with capture_events() as events:
+    with tape:
+        wp.launch(predict, 3, inputs=[w, x], outputs=[y])
+        wp.launch(sq_loss, 3, inputs=[y, t], outputs=[loss])
+    command.launch()  # overwrites what sq_loss read
+    tape.backward(loss)
+print(json.dumps({"grad": w.grad.numpy().tolist(), "y": y.numpy().tolist(),
+                  "events": [e["arrays"][0]["written_by"] for e in events]}))
+"""
+)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_commands_replay_is_seen_where_warp_keeps_its_arrays(tmp_path, warp_cache, version):
+    unguarded = run(version, None, tmp_path, warp_cache, script=REPLAY)
+    assert unguarded["grad"] != REFERENCE and unguarded["events"] == []
+    fixed = run(version, {"mode": "fix"}, tmp_path, warp_cache, script=REPLAY)
+    if version == "1.5.1":
+        assert fixed == unguarded
+        return
+    assert fixed["grad"] == REFERENCE and fixed["y"] == unguarded["y"]
+    assert fixed["events"] == ["Launch.launch() of predict (parameter 'y')"]

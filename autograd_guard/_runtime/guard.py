@@ -21,8 +21,8 @@ library's and the user's exceptions pass through unchanged.
 
 The engine calls public methods, each of which calls the private hook of the same name
 that a guard may override, as OpenTelemetry's ``instrument()`` calls ``_instrument()``:
-``targets_to_wrap``, ``needed``, ``attach``, ``detach``, ``check_for``, ``handler_for``
-and ``traced``. A guard that wraps nothing (torch's global optimizer hooks) names
+``targets_to_wrap``, ``needed``, ``attach``, ``detach``, ``prelude``, ``check_for``,
+``handler_for`` and ``traced``. A guard that wraps nothing (torch's global optimizer hooks) names
 ``modules``: ``attach`` runs on each one's import with no target. Every guard class is
 checked against this contract when it is loaded (``_runtime.contract``).
 """
@@ -124,6 +124,11 @@ class Guard(Interventions):
     def _detach(self) -> None:
         """Remove what ``_attach`` added (the engine undoes the patches)."""
 
+    def _prelude(self, module: ModuleType, target: Target) -> bool:
+        """Instead of a wrapper: the guard compiled its check into ``target`` itself (no
+        frame of its own); True where it did (``_detach`` undoes it), False to wrap."""
+        return False
+
     def _check_for(self, target: Target) -> Check:
         """The ``risky`` test for ``target``: its own ``check`` method, else ``risky``."""
         return getattr(self, target.check) if target.check else self.risky
@@ -189,6 +194,9 @@ class Guard(Interventions):
             self._attach(module, target)
             if target is None:
                 self.set_state("hooked", f"into {module.__name__}")
+            elif self.prelude(module, target):
+                self.set_state("patched", f"{target}: a prelude compiled into it")
+                self.places.append(str(target))
             else:
                 self._wrap(module, target, late)
         except Exception as exc:
@@ -215,6 +223,9 @@ class Guard(Interventions):
         if self.mode in ("observe", "fix") or (self.mode == "strict" and self.traced_in_strict):
             return self._traced(target, original)
         return None
+
+    def prelude(self, module: ModuleType, target: Target) -> bool:
+        return self._prelude(module, target)
 
     def check_for(self, target: Target) -> Check:
         return self._check_for(target)

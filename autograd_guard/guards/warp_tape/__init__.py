@@ -12,8 +12,9 @@ only prints.
 Affected: every warp-lang version (open in 1.19).
 Upstream: NVIDIA/warp#1350, "wp.Tape: backward() evaluates at current array state, not
 forward values".
-Remedy: while a tape records, the guard notes the arrays each launch reads (``inputs``);
-before a write changes one, its contents are copied once (copy-on-write). At
+Remedy: while a tape records, the guard notes the arrays each launch reads (the ``inputs``
+its kernel reads, from the kernel's own source: ``.access``); before a write changes one,
+its contents are copied once (copy-on-write). At
 ``backward()``, ``observe`` names each overwritten array, the launch that read it and the
 write that changed it, with their lines; ``strict`` raises there; ``fix`` gives each
 recorded launch's adjoint the copy of what it read: the gradient of the program as written
@@ -22,20 +23,28 @@ are forgotten once ``backward()`` ran and at ``tape.reset()``: buffers reused af
 Warp's idiom (a second ``backward()`` of the same recording is neither fixed nor named).
 Warp's record of each launch's caller (its visualisation names it) stays the user's frame.
 
-Writes it sees: the ``outputs`` of ``wp.launch``, the destination of ``wp.copy`` (and so
-of ``wp.clone``), ``array.assign``, ``fill_`` and ``zero_``, and a host array whose
-``.numpy()`` view was taken after the read (compared at ``backward()``). Writes it cannot
-see: a kernel writing through an array passed in ``inputs``, a raw pointer (``array.ptr``,
-ctypes), another Warp array over the same memory (arrays are known by identity: a write
-to the slice ``x[0:2]`` of an ``x`` that was read goes unseen, and the other way round),
-another framework's view of it (``wp.to_torch``, ``wp.from_torch``, DLPack), the adjoints
-of ``tape.record_func`` callbacks, a ``Launch`` object's replay (``record_cmd=True``) and a
-CUDA graph replay (``wp.capture_launch``); inside a graph capture it neither copies nor
-reports.
+Writes it sees: the ``outputs`` of ``wp.launch`` and the ``inputs`` its kernel may write
+(Warp's examples pass every array in ``inputs``; such a copy is compared at
+``backward()``), recorded or not, Warp's own launches with ``record_tape=False`` among
+them, and a ``Launch`` object's replay (``record_cmd=True``, then ``cmd.launch()``: Warp
+1.16 and newer keep its arrays); the destination of ``wp.copy`` (and so of ``wp.clone``),
+``array.assign``, ``fill_`` and ``zero_``; a host array whose ``.numpy()`` view was taken
+after the read (compared at ``backward()``). Writes it cannot see: a raw pointer
+(``array.ptr``, ctypes), another Warp array over the same memory (arrays are known by
+identity: a write to the slice ``x[0:2]`` of an ``x`` that was read goes unseen, and the
+other way round), another framework's view of it (``wp.to_torch``, ``wp.from_torch``,
+DLPack), the adjoints of ``tape.record_func`` callbacks, a ``Launch`` object's replay
+before Warp 1.16 (it keeps only packed parameters), and a CUDA graph replay
+(``wp.capture_launch``: the graph's kernels run without Python; inside a capture the guard
+neither copies nor reports).
 
-Cost: while no tape records and none keeps reads, the wrappers do not run (``.switch``,
-wrapt's ``enabled``): ``wp.launch`` and ``wp.copy`` cost what they cost unguarded, array
-methods ~1 us more (binding through the proxy). Not seen: a recording started without
+Cost: ``wp.launch`` is not wrapped: its own code is compiled anew from Warp's source with
+one statement first, which calls the guard while it is switched on (``.prelude``, verified
+against the loaded code; the wrapper where that fails). No frame of the guard's comes
+between the caller and Warp: its record of the caller, tracebacks and ``tape.launches``
+are as unguarded. While no tape records and none keeps reads, the switch is off
+(``.switch``): ``wp.launch`` pays a global's truth test, ``wp.copy`` wrapt's C-level call,
+array methods ~1 us more (binding through the proxy). Not seen: a recording started without
 ``Tape.__enter__`` (``runtime.tape`` set by hand, a subclass whose ``__enter__`` skips
 ``super()``). Rebinding the functions at ``__enter__`` would miss earlier references.
 """
@@ -45,6 +54,7 @@ from __future__ import annotations
 import sys
 
 from autograd_guard.guard import Call, Guard, Target, argument
+from autograd_guard.guards.warp_tape import launch as _launch
 from autograd_guard.guards.warp_tape import reads as _reads
 from autograd_guard.guards.warp_tape import switch as _switch
 
@@ -56,12 +66,9 @@ ARRAY_WRITES, ENDS = ("assign", "fill_", "zero_", "numpy"), ("backward", "reset"
 SCOPE = ("__enter__", "__exit__")
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from types import ModuleType
+    from types import FrameType, ModuleType
     from typing import Any
 
-# Positions in wp.launch(kernel, dim, inputs, outputs, adj_inputs, adj_outputs, device, stream,
-# adjoint, record_tape, record_cmd, ...) and wp.copy(dest, src, ...), the same in 1.0 to 1.19.
-INPUTS, OUTPUTS, ADJOINT, RECORD_TAPE, RECORD_CMD = 2, 3, 8, 9, 10
 REMEDY = (
     "leave the arrays that a recorded launch reads unchanged until tape.backward() "
     "(write into a fresh array), or call tape.backward() before the write"
@@ -70,11 +77,11 @@ REMEDY = (
 
 def _watch(module: str, name: str, check: str, handle: str | None = None) -> Target:
     """A target whose wrapper runs only while the guard is switched on (``_wanted``)."""
-    alias = (f"warp:{name}",) if module in CONTEXTS else ()
+    alias = (f"warp:{name}",) if module in CONTEXTS and "." not in name else ()
     return Target(module, name, alias, check=check, handle=handle, switch="_wanted")
 
 
-class WarpTape(Guard):
+class WarpTape(_launch.Launches, Guard):
     name = "warp_tape"
     distribution = "warp-lang"
     affected = ""  # every version
@@ -84,6 +91,7 @@ class WarpTape(Guard):
     targets = (
         *(_watch(m, "launch", "_launch_check") for m in CONTEXTS),
         *(_watch(m, "copy", "_write_check", "_write") for m in CONTEXTS),
+        *(_watch(m, "Launch.launch", "_command_check", "_command") for m in CONTEXTS),
         # wp.array's methods, through the package: the class lives in warp.types up to
         # 1.9 and in warp._src.types since, and the shim warp.types no longer exports it
         *(_watch("warp", f"array.{name}", "_write_check", "_write") for name in ARRAY_WRITES),
@@ -100,7 +108,13 @@ class WarpTape(Guard):
         self._live: list[_reads.TapeReads] = []  # of the tapes not yet backward()
         self._replay: dict[int, list[dict[int, Any]]] | None = None  # fix, in backward()
         self._busy = False  # the guard's own copies
-        self._switch = _switch.Switch()  # `_wanted`, the targets' switch, is its list
+        self._compiled: tuple[Any, Any] | None = None  # see .launch
+        self._mending: list[Any] = []  # see .launch (_mend)
+        # what each kernel reads and writes (see .access); Warp's modules keep their kernels
+        # alive too (a dict: a weak one costs ~0.2 us more a launch)
+        self._kernels: dict[Any, tuple[Any, Any]] = {}
+        # `_wanted`, the targets' switch, is its list; on, it holds wp.launch's prelude hook
+        self._switch = _switch.Switch(self._launch_prelude)
         self._wanted = self._switch.on
 
     def _attach(self, module: ModuleType, target: Target | None) -> None:
@@ -110,6 +124,9 @@ class WarpTape(Guard):
             self._array = module.array
         if getattr(getattr(self._context, "runtime", None), "tape", None) is not None:
             self._switch.recording_already()
+
+    def _detach(self) -> None:
+        self._detach_prelude()
 
     # -- a recording's scope: the switch (see .switch) ------------------------------------
     def _enter(self, call: Call) -> Any:
@@ -122,49 +139,13 @@ class WarpTape(Guard):
             return call.proceed()
         finally:  # Warp raises if no tape records: counted out all the same
             self._switch.exited()
+            self._mend()
             self._settle()
 
     def _settle(self) -> None:
         self._switch.settle(not self._live and self._replay is None)
 
-    # -- wp.launch: reads, writes, and the adjoints in a backward() being fixed ----------
-
-    def _launch_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        # Every wp.launch passes here: plain lookups. Reads are noted in the check itself;
-        # a recorded launch is handled, so that Warp's record of its caller can be mended.
-        if self._busy:
-            return False
-        adjoint = (
-            kwargs["adjoint"] if "adjoint" in kwargs else len(args) > ADJOINT and args[ADJOINT]
-        )
-        if self._replay is not None:
-            return bool(adjoint)
-        if kwargs.get("record_cmd") or (len(args) > RECORD_CMD and args[RECORD_CMD]):
-            return False  # a Launch object, run later by Warp alone: nothing runs now
-        runtime = self._context.runtime
-        tape = runtime.tape if runtime is not None else None
-        if tape is not None and not adjoint:
-            record = (
-                kwargs["record_tape"]
-                if "record_tape" in kwargs
-                else len(args) <= RECORD_TAPE or args[RECORD_TAPE]
-            )
-            inputs = kwargs["inputs"] if "inputs" in kwargs else args[INPUTS : INPUTS + 1]
-            if record and inputs:
-                reads = self._live[-1] if self._live else None
-                if reads is None or reads.tape() is not tape:
-                    reads = self._reads_of(tape)
-                inputs = inputs if "inputs" in kwargs else inputs[0]
-                site = _reads.caller(sys._getframe(1))
-                reads.note(len(tape.launches), inputs, self._array, site)
-            if record:
-                return True
-        if self._live:
-            outputs = kwargs["outputs"] if "outputs" in kwargs else args[OUTPUTS : OUTPUTS + 1]
-            if outputs and "outputs" not in kwargs:
-                outputs = outputs[0]
-            return bool(outputs) and _reads.changes_any(self._live, outputs)
-        return False
+    # -- wp.launch: see .launch -------------------------------------------------------
 
     def _reads_of(self, tape: Any) -> _reads.TapeReads:
         key = id(tape)
@@ -178,34 +159,6 @@ class WarpTape(Guard):
         self._live.append(reads)  # the recording one last
         return reads
 
-    def handle(self, call: Call) -> Any:
-        if self._replay is not None:
-            return self._adjoint(call)
-        outputs = call.argument("outputs", OUTPUTS) or ()
-        if self._live and _reads.changes_any(self._live, outputs):
-            kernel = call.argument("kernel", 0)
-            args = kernel.adj.args[len(call.argument("inputs", INPUTS) or ()) :]
-            for position, value in enumerate(outputs):
-                label = args[position].label if position < len(args) else str(position)
-                self._before_write(value, f"wp.launch of {kernel.key} (output {label!r})", call)
-        tape = self._context.runtime.tape
-        if tape is None:
-            return call.proceed()
-        count = len(tape.launches)
-        result = call.proceed()
-        if len(tape.launches) > count:  # Warp named this handler's frame as the caller
-            _reads.mend_caller(tape.launches[-1], sys._getframe(1))
-        return result
-
-    def _adjoint(self, call: Call) -> Any:
-        inputs = call.argument("inputs", INPUTS)
-        pending = self._replay.get(id(inputs)) if self._replay else None
-        if pending:  # launches that share one inputs list run in reverse order
-            given = pending.pop(0)
-            if given:
-                call.replace("inputs", INPUTS, [given.get(i, a) for i, a in enumerate(inputs)])
-        return call.proceed()
-
     # -- the other writes ------------------------------------------------------------------
 
     def _write_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -214,22 +167,27 @@ class WarpTape(Guard):
         return bool(self._live) and not self._busy and _reads.changes_any(self._live, (array,))
 
     def _write(self, call: Call) -> Any:
-        method = call.target.qualname.rpartition(".")[2]
+        method, frame = call.target.qualname.rpartition(".")[2], sys._getframe(1)
         if call.instance is None:
-            self._before_write(call.argument("dest", 0), "wp.copy (its destination)", call)
+            self._before_write(call.argument("dest", 0), "wp.copy (its destination)", frame)
         elif method != "numpy":
-            self._before_write(call.instance, f"array.{method}()", call)
+            self._before_write(call.instance, f"array.{method}()", frame)
         elif call.instance.device.is_cpu:  # a view the caller may write through
-            self._before_write(call.instance, "a write through array.numpy()", call, True)
+            self._before_write(call.instance, "a write through array.numpy()", frame, True)
         return call.proceed()
 
-    def _before_write(self, array: Any, write: str, call: Call, exposed: bool = False) -> None:
+    def _before_write(
+        self, array: Any, write: str, frame: FrameType, exposed: bool = False
+    ) -> None:
+        """A copy of ``array`` before a write (``frame``: at or below its caller) changes
+        what a recorded launch read; ``exposed``: the write may leave it as it was (the
+        copy is compared at ``backward()``)."""
         key = id(array)
         changed = [reads for reads in self._live if key in reads.fresh]
         if not changed or getattr(array.device, "is_capturing", False):
             return  # a graph capture runs nothing now; its replays are not seen either
         copy = self._copy_of(array)
-        site = _reads.caller(sys._getframe(2))  # above the handler and the wrappers
+        site = _reads.caller(frame)
         for reads in changed:
             del reads.fresh[key]
             reads.versions.setdefault(key, []).append((copy, write, site, exposed))

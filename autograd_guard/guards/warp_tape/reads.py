@@ -35,13 +35,20 @@ class TapeReads:
         self.fresh: dict[int, Any] = {}
         self.versions: dict[int, list[Version]] = {}
 
-    def note(self, index: int, inputs: Any, array: Any, site: tuple[CodeType, int]) -> None:
-        log, fresh, versions = self.log, self.fresh, self.versions
-        for position, value in enumerate(inputs):
-            if type(value) is array or isinstance(value, array):
-                key = id(value)
-                fresh[key] = value
-                log.append((index, position, value, site, len(versions.get(key, ()))))
+    def note(
+        self, index: int, inputs: Any, array: Any, site: tuple[CodeType, int], read: Any
+    ) -> None:
+        """The ``wp.array`` values of ``inputs`` at the positions in ``read`` (those its
+        kernel reads, in order), read by the recorded launch ``index``."""
+        fresh, count = self.fresh, len(inputs)
+        for position in read:
+            if position < count:
+                value = inputs[position]
+                if type(value) is array or isinstance(value, array):
+                    key = id(value)
+                    fresh[key] = value
+                    versions = self.versions.get(key)
+                    self.log.append((index, position, value, site, len(versions or ())))
 
     def stale(self) -> list[Read]:
         """The reads whose contents have changed since. A ``.numpy()`` view that was not
@@ -81,18 +88,23 @@ def caller(frame: FrameType) -> tuple[CodeType, int]:
     return frame.f_code, frame.f_lasti
 
 
-def mend_caller(entry: Any, frame: FrameType) -> None:
+def caller_record(frame: FrameType) -> dict[str, Any]:
+    """Warp's record of a launch's caller for ``outside(frame)``, as it is now."""
+    frame = outside(frame)
+    code = frame.f_code
+    return {"file": code.co_filename, "lineno": frame.f_lineno, "func": code.co_name}
+
+
+def mend_caller(entry: Any, caller: dict[str, Any]) -> None:
     """Warp records the frame that called its ``launch`` as a launch's caller (its tape
-    visualisation names it): that was a wrapper of this package, at or below ``frame``.
-    The first frame above outside this package takes its place, as unguarded."""
+    visualisation names it): where that was a wrapper of this package, ``caller`` (the
+    first frame above it outside this package, when it called) takes its place."""
     metadata = entry[-1] if isinstance(entry, list) and entry else None
     if not isinstance(metadata, dict):
         return
     recorded = metadata.get("caller")
     if isinstance(recorded, dict) and str(recorded.get("file", "")).startswith(OWN):
-        frame = outside(frame)
-        code, lineno = frame.f_code, frame.f_lineno
-        metadata["caller"] = {"file": code.co_filename, "lineno": lineno, "func": code.co_name}
+        metadata["caller"] = caller
 
 
 def line(site: tuple[CodeType, int]) -> str:

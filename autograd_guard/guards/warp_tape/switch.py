@@ -2,7 +2,8 @@
 has its ``backward()`` fixed; off otherwise, so that Warp's calls cost nothing then.
 
 ``on`` is the list the targets name as their ``switch`` (wrapt's ``enabled``: a list's
-truth costs no Python call). A tape's ``__enter__`` (after Warp accepted it) counts a
+truth costs no Python call), and the one ``wp.launch``'s prelude tests (see ``.prelude``):
+when on, it holds the prelude's hook. A tape's ``__enter__`` (after Warp accepted it) counts a
 recording and switches on; only the tapes' own steps switch off (``__exit__``,
 ``backward()``, ``reset()``, a tape's death), and only once no tape records, none keeps
 reads and no ``backward()`` is being fixed. A launch never does: Warp pauses a recording
@@ -14,12 +15,17 @@ from __future__ import annotations
 
 import threading
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 
 class Switch:
-    __slots__ = ("_lock", "on", "recording")
+    __slots__ = ("_lock", "on", "recording", "value")
 
-    def __init__(self) -> None:
-        self.on: list[bool] = []
+    def __init__(self, value: Any = True) -> None:
+        self.value = value  # what ``on`` holds when on (wp.launch's prelude calls it)
+        self.on: list[Any] = []
         self.recording = 0  # tapes entered and not yet exited
         # re-entrant: a tape's death (a weakref callback) may settle during a collection
         self._lock = threading.RLock()
@@ -27,14 +33,14 @@ class Switch:
     def entered(self) -> None:
         with self._lock:
             self.recording += 1
-            self.on[:] = [True]
+            self.on[:] = [self.value]
 
     def recording_already(self) -> None:
         """The guard was installed while a tape records: its ``__exit__`` ends it."""
         with self._lock:
             if not self.recording:
                 self.recording = 1
-                self.on[:] = [True]
+                self.on[:] = [self.value]
 
     def exited(self) -> None:
         with self._lock:
