@@ -1,0 +1,149 @@
+"""grad_audit's finite-difference audit of one call, run when the real backward through
+the call's node has returned (``backward.watch``): the gradients it returned are judged
+against re-runs of the forward on copies of the inputs (``rerun``), input by input
+(``verdict``).
+
+Skipped, silently, where the audit could not be sure: a re-run at the unperturbed point
+that does not reproduce the real output (a forward that draws from a stream the guard
+does not replay, or reads state that changed since); an incoming gradient that is all
+zero; an input whose perturbation changes no output at all (an adjoint ODE method reads
+its parameters through a closure, an optimal-transport "injector" returns its input and
+carries a gradient computed elsewhere: such inputs are skipped, not failed). The
+re-runs are in float64 where the forward accepts it and reproduces the real output there
+(a float32-only kernel runs in its own dtype, with larger steps).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from autograd_guard.guards.grad_audit.verdict import STEP, Projections, kind_of
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from autograd_guard.guards.grad_audit.rerun import Rerun
+
+INPUTS = 4  # inputs audited per call, at most (each costs four forwards)
+SEED = 0x6A7D  # the directions' own generator: the caller's streams are never drawn from
+
+
+class Audit:
+    """One call's audit: its re-runs, its real outputs, the inputs to judge."""
+
+    def __init__(self, rerun: Rerun, outputs: tuple[Any, ...], inputs: list[int]) -> None:
+        self.rerun = rerun
+        self.outputs = outputs  # the real outputs (detached), None where not differentiable
+        self.inputs = inputs  # positions in grad_inputs (torch's order of tensor arguments)
+
+    def judge(self, grad_inputs: tuple[Any, ...], grad_outputs: list[Any]) -> list[Any] | str:
+        """(position, Projections, kind) of each input judged; else why it was skipped."""
+        torch = sys.modules["torch"]
+        u = [g if o is not None else None for g, o in zip(grad_outputs, self.outputs, strict=False)]
+        if len(grad_outputs) != len(self.outputs) or not any(
+            g is not None and bool(g.any()) for g in u
+        ):
+            return "no incoming gradient to project"
+        base = self.rerun.run({})
+        if not _same(torch, base, self.outputs, 1e-5):
+            return "a re-run at the same point did not reproduce the output"
+        dtype, base = self._work_dtype(torch, base)
+        positions = self.rerun.tensor_positions()
+        judged = []
+        for index in self.inputs[:INPUTS]:
+            grad = grad_inputs[index] if index < len(grad_inputs) else None
+            if grad is None:
+                continue
+            found = self._input(torch, positions[index], grad, u, base, dtype)
+            if found is not None:
+                judged.append((index, found, kind_of(dtype or positions[index][1].dtype)))
+        return judged or "no input changes the output when perturbed (a closure or injector)"
+
+    def _work_dtype(self, torch: Any, base: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+        """float64 where the forward accepts it and agrees with the real output there."""
+        if all(o is None or o.dtype == torch.float64 for o in self.outputs):
+            return None, base
+        try:
+            wide = self.rerun.run({}, torch.float64)
+        except Exception:
+            return None, base
+        outputs = [o for o, r in zip(wide, self.outputs, strict=False) if r is not None]
+        if any(o is None or o.dtype != torch.float64 for o in outputs) or not _same(
+            torch, wide, self.outputs, 1e-3
+        ):
+            return None, base
+        return torch.float64, wide
+
+    def _input(
+        self,
+        torch: Any,
+        position: tuple[Any, Any],
+        grad: Any,
+        u: list[Any],
+        base: tuple[Any, ...],
+        dtype: Any,
+    ) -> Projections | None:
+        where, x = position
+        x = x.to(dtype) if dtype is not None else x
+        generator = torch.Generator(device=x.device).manual_seed(SEED)
+        v = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        h = STEP[kind_of(x.dtype)] * max(1.0, float(x.double().pow(2).mean().sqrt()))
+        runs = {t: self.rerun.run({where: x + t * v}, dtype) for t in (h, -h, h / 2, -h / 2)}
+        if all(_equal(torch, a, b) for a, b in zip(runs[h], runs[-h], strict=True)):
+            return None  # perturbing this input changes nothing
+        central = _project(torch, u, runs[h], runs[-h], 2 * h, self.outputs)
+        size = _norm(u) * _norm(_diffs(runs[h], runs[-h], 2 * h, self.outputs))
+        return Projections(
+            backward=float((grad.double() * v.double()).sum()),
+            central=central,
+            half=_project(torch, u, runs[h / 2], runs[-h / 2], h, self.outputs),
+            forward=_project(torch, u, runs[h], base, h, self.outputs),
+            backward_side=_project(torch, u, base, runs[-h], h, self.outputs),
+            scale=size + _norm([grad]) * _norm([v]),
+        )
+
+
+def _diffs(a: tuple[Any, ...], b: tuple[Any, ...], step: float, real: tuple[Any, ...]) -> list[Any]:
+    return [
+        (x.double() - y.double()) / step if r is not None and x is not None else None
+        for x, y, r in zip(a, b, real, strict=False)
+    ]
+
+
+def _project(
+    torch: Any, u: list[Any], a: tuple[Any, ...], b: tuple[Any, ...], step: float, real: Any
+) -> float:
+    total = 0.0
+    for g, d in zip(u, _diffs(a, b, step, real), strict=False):
+        if g is not None and d is not None:
+            total += float((g.double() * d).sum())
+    return total
+
+
+def _norm(tensors: list[Any]) -> float:
+    return float(sum(float(t.double().pow(2).sum()) for t in tensors if t is not None) ** 0.5)
+
+
+def _equal(torch: Any, a: Any, b: Any) -> bool:
+    return (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
+def _same(torch: Any, got: tuple[Any, ...], real: tuple[Any, ...], relative: float) -> bool:
+    """The re-run's outputs are the real ones (where differentiable), within ``relative``
+    of the largest value."""
+    if len(got) != len(real):
+        return False
+    for g, r in zip(got, real, strict=True):
+        if r is None:
+            continue
+        if g is None or g.shape != r.shape:
+            return False
+        difference = (g.double() - r.double()).abs()
+        if bool(difference.isnan().any()) or _largest(difference) > relative * _largest(r):
+            return False
+    return True
+
+
+def _largest(tensor: Any) -> float:
+    return float(tensor.double().abs().max()) if tensor.numel() else 0.0
