@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import sys
+from pathlib import Path
 
 import grad_audit_corpus as corpus
 import pytest
@@ -100,7 +101,7 @@ def test_each_bug_is_named_at_its_first_call_and_no_gradient_changes(name, mode)
 
 @pytest.mark.parametrize("name", sorted(corpus.BUGS))
 def test_strict_raises_at_the_first_call(name):
-    case, action = corpus.BUGS[name]
+    case, _ = corpus.BUGS[name]
     autograd_guard.install({"mode": "strict"})
     try:
         with pytest.raises(GuardError, match=r"\[grad_audit\]"):
@@ -121,7 +122,7 @@ def test_the_cut_names_the_user_s_call_of_checkpoint():
     _, [event] = run(case, policy={"mode": "observe"})
     line = next(
         i
-        for i, text in enumerate(open(corpus.__file__).read().splitlines(), 1)
+        for i, text in enumerate(Path(corpus.__file__).read_text().splitlines(), 1)
         if "out = checkpoint(segment" in text
     )
     assert event["callsite"] == f"{corpus.__file__}:{line}"
