@@ -211,10 +211,16 @@ class ZeroesIncoming(Tanh):
         return result
 
 
-def _inputs(seed: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def _inputs(
+    seed: int, dtype: torch.dtype = torch.float32, cols: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (rows, cols) and w (cols): shapes and a scale (1e-2 to 1e2) drawn from the seed."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(6, 4, generator=gen, dtype=dtype).requires_grad_()
-    w = torch.randn(4, generator=gen, dtype=dtype).requires_grad_()
+    rows = int(torch.randint(1, 33, (), generator=gen))
+    cols = cols or int(torch.randint(1, 9, (), generator=gen))
+    scale = 10 ** float(torch.empty(()).uniform_(-2, 2, generator=gen))
+    x = (torch.randn(rows, cols, generator=gen, dtype=dtype) * scale).requires_grad_()
+    w = torch.randn(cols, generator=gen, dtype=dtype).requires_grad_()
     return x, w
 
 
@@ -225,7 +231,7 @@ def _grads(loss: torch.Tensor, *leaves: torch.Tensor) -> list[torch.Tensor]:
 
 def tanh(seed, fn=Tanh, dtype=torch.float32):
     x, w = _inputs(seed, dtype)
-    return _grads((fn.apply(x, w) * torch.arange(4.0, dtype=dtype)).sum(), x, w)
+    return _grads((fn.apply(x, w) * torch.arange(1, x.shape[1] + 1, dtype=dtype)).sum(), x, w)
 
 
 def elementwise(fn):
@@ -238,7 +244,7 @@ def elementwise(fn):
 
 def maximum(seed):
     x, w = _inputs(seed)
-    return _grads((Max.apply(x, w.expand(6, 4)) ** 2).sum(), x, w)
+    return _grads((Max.apply(x, w.expand_as(x)) ** 2).sum(), x, w)
 
 
 def float32_only(seed):
@@ -289,7 +295,7 @@ def checkpointed(reentrant: bool, returns: str):
     def case(seed):
         torch.manual_seed(seed)
         lin = torch.nn.Linear(4, 4)
-        x, _ = _inputs(seed)
+        x, _ = _inputs(seed, cols=4)
 
         def segment(v):
             out = torch.tanh(lin(v))

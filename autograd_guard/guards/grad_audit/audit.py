@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from autograd_guard.guards.grad_audit.verdict import STEP, Projections, kind_of
+from autograd_guard.guards.grad_audit.verdict import ROUNDING, STEP, Projections, kind_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -101,7 +101,18 @@ class Audit:
             forward=_project(torch, u, runs[h], base, h, self.outputs),
             backward_side=_project(torch, u, base, runs[-h], h, self.outputs),
             scale=size + _norm([grad]) * _norm([v]),
+            rounding=self._rounding(u, v, position[1]),
         )
+
+    def _rounding(self, u: list[Any], v: Any, x: Any) -> float:
+        """What the real computation's own rounding may leave in a projection:
+        ``ROUNDING`` of |u| |v| times the forward's scale, rms(f(x)) / rms(x)."""
+        real = [o for o in self.outputs if o is not None]
+        kind = kind_of(real[0].dtype) if real else "other"
+        outputs = sum(float(o.double().pow(2).mean()) for o in real) ** 0.5
+        inputs = float(x.double().pow(2).mean()) ** 0.5 if x.numel() else 0.0
+        ratio = outputs / inputs if inputs > 0 else 1.0
+        return ROUNDING[kind] * _norm(u) * _norm([v]) * ratio
 
 
 def _diffs(a: tuple[Any, ...], b: tuple[Any, ...], step: float, real: tuple[Any, ...]) -> list[Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import threading
 
+from autograd_guard._events import events as _events
 from autograd_guard.errors import GuardError
 from autograd_guard.guards.grad_audit import structure as _structure
 from autograd_guard.guards.grad_audit.audit import Audit
@@ -137,12 +138,15 @@ class Calls:
         an exception of the forward's own skips the audit."""
         now = RandomState(audit.rerun.devices)
         self._hook.busy.on = True
+        _events.unheard(True)
         try:
-            return audit.judge(grad_inputs, grad_outputs)
+            with sys.modules["torch"].no_grad():  # a double backward builds no graph of it
+                return audit.judge(grad_inputs, grad_outputs)
         except Exception as exc:
             return f"a re-run raised {type(exc).__name__}"
         finally:
             self._hook.busy.on = False
+            _events.unheard(False)
             now.restore()
 
 

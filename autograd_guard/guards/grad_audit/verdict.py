@@ -25,6 +25,9 @@ RELATIVE = 0.1  # the relative error a discrepancy must exceed, at both step siz
 AGREE = {"float64": 0.01, "other": 0.05}  # central differences at h and h/2 must agree
 SMOOTH = 0.1  # the one-sided differences at h must agree
 FLOOR = 1e-3  # of |u| |J v| + |backward(u)| |v|: below it a projection is noise
+# and of |u| |v| rms(f) / rms(x), by the real computation's dtype: what its own rounding
+# leaves (a float32 backward of a saturated tanh gives exactly 0 where float64 gives 1e-9)
+ROUNDING = {"float64": 1e-10, "other": 1e-4}
 # step sizes, relative to the input's scale (its root mean square, at least 1)
 STEP = {"float64": 1e-6, "other": 1e-2}
 
@@ -40,18 +43,20 @@ class Projections:
         forward: float,
         backward_side: float,
         scale: float,
+        rounding: float = 0.0,
     ) -> None:
         self.backward, self.central, self.half = backward, central, half
-        self.forward, self.backward_side, self.scale = forward, backward_side, scale
+        self.forward, self.backward_side = forward, backward_side
+        self.floor = max(FLOOR * scale, rounding)
 
     def error(self, numeric: float) -> float:
         """The relative error of the backward's projection against ``numeric``."""
-        size = max(abs(self.backward), abs(numeric), FLOOR * self.scale, 1e-300)
+        size = max(abs(self.backward), abs(numeric), self.floor, 1e-300)
         return abs(self.backward - numeric) / size
 
     def trustworthy(self, kind: str) -> bool:
         """The finite difference is stable across step sizes and smooth along ``v``."""
-        floor = FLOOR * self.scale
+        floor = self.floor
         stable = abs(self.central - self.half) <= AGREE[kind] * max(
             abs(self.central), abs(self.half), floor
         )
