@@ -47,6 +47,7 @@ FINDINGS = frozenset(
         "unattached_rules",
         "wrong_gradient",
         "zero_gradient",
+        "zero_gradient_parameter",
     }
 )
 

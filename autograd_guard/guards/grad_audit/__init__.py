@@ -72,8 +72,8 @@ class GradAudit(Calls, Guard):
         "max_elements": Option(
             int,
             1 << 24,
-            "an audited call's inputs and outputs may hold this many elements in all (its "
-            "copies and re-runs cost that memory several times over)",
+            "an audited call's tensor arguments may hold this many elements in all (its "
+            "copies, and the re-runs' outputs, cost memory several times over)",
             minimum=0,
             maximum=1 << 34,
         ),
