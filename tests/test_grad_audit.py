@@ -255,3 +255,15 @@ def test_random_trials_of_the_clean_corpus_raise_no_false_alarm_and_the_bugs_are
             if name == "wrong_sign" and not any(g.any() for g in corpus.tanh(seed)):
                 continue  # a saturated tanh (seed 115): the gradient, and the bug, are 0 there
             assert [e["action"] for e in run(case, seed, policy=policy)[1]] == [action], name
+
+
+def test_a_class_called_only_without_grad_is_done_after_its_first_calls_too():
+    autograd_guard.install({"mode": "observe"})
+    try:
+        x, w = corpus._inputs(1)
+        with torch.no_grad():
+            for _ in range(64):
+                corpus.Relu.apply(x)
+        assert corpus.Relu in the_guard()._hook.done
+    finally:
+        autograd_guard.uninstall()

@@ -54,19 +54,21 @@ class Calls:
     def _first_call(
         self, cls: type, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
+        if self._hook.is_busy() or not self.active:
+            return original(cls, *args, **kwargs)
+        with self._lock:  # every call counts: a class met only without grad is done too
+            self._calls[cls] = calls = self._calls.get(cls, 0) + 1
+            if calls >= CALLS:
+                self._hook.done[cls] = True
         torch = sys.modules["torch"]
-        if self._hook.is_busy() or not self.active or _standing_down(torch, args, kwargs):
+        if _standing_down(torch, args, kwargs) or not _structure.inputs_requiring_grad(
+            args, kwargs
+        ):
             return original(cls, *args, **kwargs)
         with self._lock:
-            self._calls[cls] = calls = self._calls.get(cls, 0) + 1
-            if not _structure.inputs_requiring_grad(args, kwargs):
-                looked = None
-            else:
-                self._looked[cls] = looked = self._looked.get(cls, 0) + 1
-            if calls >= CALLS or (looked or 0) >= LOOKED:
+            self._looked[cls] = looked = self._looked.get(cls, 0) + 1
+            if looked >= LOOKED:
                 self._hook.done[cls] = True
-        if looked is None:
-            return original(cls, *args, **kwargs)
         rerun = self._guarded("audit", self._plan, cls, original, args, kwargs)
         output = original(cls, *args, **kwargs)
         if rerun is not None and rerun.inputs_written(args):
