@@ -211,6 +211,27 @@ class ZeroesIncoming(Tanh):
         return result
 
 
+class SharedBuffer(Function):
+    """Its backward reads a buffer its forward shares between calls (a kernel library's
+    workspace): right for one call, wrong when a second call overwrites the buffer before
+    the first one's backward. Only the real backward shows it: a private re-run of one
+    call (gradcheck's) is right."""
+
+    buffer: torch.Tensor | None = None
+
+    @staticmethod
+    def forward(ctx, x, w):
+        SharedBuffer.buffer = x.detach().clone()
+        ctx.save_for_backward(w)
+        return x * x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        (w,) = ctx.saved_tensors
+        x = SharedBuffer.buffer
+        return 2 * g * x * w, (g * x * x).sum(0)
+
+
 def _inputs(
     seed: int, dtype: torch.dtype = torch.float32, cols: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -308,6 +329,12 @@ def checkpointed(reentrant: bool, returns: str):
     return case
 
 
+def two_layers_sharing_a_buffer(seed):
+    x, w = _inputs(seed)
+    hidden = SharedBuffer.apply(x, w).tanh()
+    return _grads(SharedBuffer.apply(hidden, w * 0.5).pow(2).sum(), x, w)
+
+
 def residual_zeroed(seed):
     x, w = _inputs(seed)
     return _grads((x + ZeroesIncoming.apply(x, w)).pow(2).sum(), x, w)
@@ -330,10 +357,12 @@ CLEAN = {
     "checkpoint_reentrant": checkpointed(True, "tensor"),
     "checkpoint_reentrant_tuple": checkpointed(True, "tuple"),
     "checkpoint_list": checkpointed(False, "list"),
+    "shared_buffer_one_call": lambda seed: tanh(seed, SharedBuffer),
 }
 # name: (case, the action it is named by)
 BUGS = {
     "wrong_sign": (lambda seed: tanh(seed, WrongSign), "wrong_gradient"),
     "zeroes_grad_output": (residual_zeroed, "grad_output_modified"),
     "checkpoint_reentrant_list": (checkpointed(True, "list"), "cut_gradient"),
+    "shared_buffer": (two_layers_sharing_a_buffer, "wrong_gradient"),
 }

@@ -38,70 +38,73 @@ class Audit:
         self.inputs = inputs  # positions in grad_inputs (torch's order of tensor arguments)
 
     def judge(self, grad_inputs: tuple[Any, ...], grad_outputs: list[Any]) -> list[Any] | str:
-        """(position, Projections, kind) of each input judged; else why it was skipped."""
+        """(position, Projections, kind) of each input judged; else why it was skipped.
+        The re-run at the unperturbed point comes last: state a forward keeps outside its
+        ``ctx`` (a buffer its backward reads) is left as the real forward left it."""
         torch = sys.modules["torch"]
         u = [g if o is not None else None for g, o in zip(grad_outputs, self.outputs, strict=False)]
         if len(grad_outputs) != len(self.outputs) or not any(
             g is not None and bool(g.any()) for g in u
         ):
             return "no incoming gradient to project"
+        dtype, wide = self._work_dtype(torch)
+        positions = self.rerun.tensor_positions()
+        perturbed = []
+        for index in self.inputs[:INPUTS]:
+            grad = grad_inputs[index] if index < len(grad_inputs) else None
+            runs = self._perturbed(torch, positions[index][0], positions[index][1], dtype)
+            if grad is not None and runs is not None:  # None: perturbing changes nothing
+                perturbed.append((index, grad, runs))
         base = self.rerun.run({})
         if not _same(torch, base, self.outputs, 1e-5):
             return "a re-run at the same point did not reproduce the output"
-        dtype, base = self._work_dtype(torch, base)
-        positions = self.rerun.tensor_positions()
         judged = []
-        for index in self.inputs[:INPUTS]:
-            grad = grad_inputs[index] if index < len(grad_inputs) else None
-            if grad is None:
-                continue
-            found = self._input(torch, positions[index], grad, u, base, dtype)
-            if found is not None:
-                judged.append((index, found, kind_of(dtype or positions[index][1].dtype)))
+        for index, grad, (v, h, runs) in perturbed:
+            numbers = self._projections(u, grad, v, h, runs, wide or base, positions[index][1])
+            judged.append((index, numbers, kind_of(v.dtype)))
         return judged or "no input changes the output when perturbed (a closure or injector)"
 
-    def _work_dtype(self, torch: Any, base: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
-        """float64 where the forward accepts it and agrees with the real output there."""
+    def _work_dtype(self, torch: Any) -> tuple[Any, tuple[Any, ...] | None]:
+        """float64 and the output there, where the forward accepts it and agrees with the
+        real output; else (None, None): the input's own dtype."""
         if all(o is None or o.dtype == torch.float64 for o in self.outputs):
-            return None, base
+            return None, None
         try:
             wide = self.rerun.run({}, torch.float64)
         except Exception:
-            return None, base
+            return None, None
         outputs = [o for o, r in zip(wide, self.outputs, strict=False) if r is not None]
         if any(o is None or o.dtype != torch.float64 for o in outputs) or not _same(
             torch, wide, self.outputs, 1e-3
         ):
-            return None, base
+            return None, None
         return torch.float64, wide
 
-    def _input(
-        self,
-        torch: Any,
-        position: tuple[Any, Any],
-        grad: Any,
-        u: list[Any],
-        base: tuple[Any, ...],
-        dtype: Any,
-    ) -> Projections | None:
-        where, x = position
+    def _perturbed(self, torch: Any, where: Any, x: Any, dtype: Any) -> Any:
+        """(v, h, the outputs at x + t v for t = h, -h, h/2, -h/2), or None where perturbing
+        changes no output at all."""
         x = x.to(dtype) if dtype is not None else x
         generator = torch.Generator(device=x.device).manual_seed(SEED)
         v = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
         h = STEP[kind_of(x.dtype)] * max(1.0, float(x.double().pow(2).mean().sqrt()))
         runs = {t: self.rerun.run({where: x + t * v}, dtype) for t in (h, -h, h / 2, -h / 2)}
         if all(_equal(torch, a, b) for a, b in zip(runs[h], runs[-h], strict=True)):
-            return None  # perturbing this input changes nothing
-        central = _project(torch, u, runs[h], runs[-h], 2 * h, self.outputs)
-        size = _norm(u) * _norm(_diffs(runs[h], runs[-h], 2 * h, self.outputs))
+            return None
+        return v, h, runs
+
+    def _projections(
+        self, u: list[Any], grad: Any, v: Any, h: float, runs: Any, base: Any, x: Any
+    ) -> Projections:
+        real = self.outputs
+        size = _norm(u) * _norm(_diffs(runs[h], runs[-h], 2 * h, real))
         return Projections(
             backward=float((grad.double() * v.double()).sum()),
-            central=central,
-            half=_project(torch, u, runs[h / 2], runs[-h / 2], h, self.outputs),
-            forward=_project(torch, u, runs[h], base, h, self.outputs),
-            backward_side=_project(torch, u, base, runs[-h], h, self.outputs),
+            central=_project(u, runs[h], runs[-h], 2 * h, real),
+            half=_project(u, runs[h / 2], runs[-h / 2], h, real),
+            forward=_project(u, runs[h], base, h, real),
+            backward_side=_project(u, base, runs[-h], h, real),
             scale=size + _norm([grad]) * _norm([v]),
-            rounding=self._rounding(u, v, position[1]),
+            rounding=self._rounding(u, v, x),
         )
 
     def _rounding(self, u: list[Any], v: Any, x: Any) -> float:
@@ -122,9 +125,7 @@ def _diffs(a: tuple[Any, ...], b: tuple[Any, ...], step: float, real: tuple[Any,
     ]
 
 
-def _project(
-    torch: Any, u: list[Any], a: tuple[Any, ...], b: tuple[Any, ...], step: float, real: Any
-) -> float:
+def _project(u: list[Any], a: tuple[Any, ...], b: tuple[Any, ...], step: float, real: Any) -> float:
     total = 0.0
     for g, d in zip(u, _diffs(a, b, step, real), strict=False):
         if g is not None and d is not None:
