@@ -260,7 +260,7 @@ def test_random_trials_of_the_clean_corpus_raise_no_false_alarm_and_the_bugs_are
 def test_a_class_called_only_without_grad_is_done_after_its_first_calls_too():
     autograd_guard.install({"mode": "observe"})
     try:
-        x, w = corpus._inputs(1)
+        x, _ = corpus._inputs(1)
         with torch.no_grad():
             for _ in range(64):
                 corpus.Relu.apply(x)
@@ -281,3 +281,35 @@ def test_the_real_backward_is_judged_not_a_private_re_run():
     got, events = run(case, 3, policy={"mode": "fix"})
     assert [e["action"] for e in events] == ["wrong_gradient"] and identical(expected, got)
     assert events[0]["function"] == "grad_audit_corpus.SharedBuffer"
+
+
+def test_the_exit_note_says_which_audits_were_skipped_and_why():
+    autograd_guard.install({"mode": "observe"})
+    try:
+        corpus.CLEAN["injector"](1)
+        with capture_events() as events:
+            the_guard()._exit_note()
+    finally:
+        autograd_guard.uninstall()
+    [note] = events
+    assert note["action"] == "audit_skipped" and note["level"] == "info"
+    assert "grad_audit_corpus.Injector: no input changes the output" in note["event"]
+
+
+def test_a_graph_break_beside_the_function_changes_nothing():
+    def step(x, w):
+        y = corpus.Tanh.apply(x, w)
+        torch._dynamo.graph_break()
+        return (corpus.WrongSign.apply(y, w) * 2).sum()
+
+    def compiled_run(policy):
+        torch._dynamo.reset()
+        x, w = corpus._inputs(5)
+        return run(
+            lambda seed: corpus._grads(torch.compile(step, backend="eager")(x, w), x, w),
+            policy=policy,
+        )
+
+    expected, _ = compiled_run(None)
+    got, events = compiled_run({"mode": "strict"})
+    assert events == [] and identical(expected, got)
