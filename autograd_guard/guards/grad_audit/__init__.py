@@ -107,7 +107,7 @@ class GradAudit(Calls, Guard):
             self.report(site, "grad_output_modified", event, remedy=remedy, function=op)
 
         judge = self._judge(op, site, audit) if audit is not None else None
-        _backward.watch(node, modified, judge)
+        _backward.watch(node, modified, judge, lambda exc: self.fail("backward hook", exc))
 
     def _judge(self, op: str, site: str, audit: Audit) -> Callable[..., None]:
         def judge(grad_inputs: tuple[Any, ...], grad_outputs: list[Any]) -> None:

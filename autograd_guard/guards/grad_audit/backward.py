@@ -39,28 +39,43 @@ def node_of(cls: type, output: Any) -> Any:
     return None
 
 
-def watch(node: Any, modified: Callable[[list[int]], None], judge: Judge | None) -> bool:
+def watch(
+    node: Any,
+    modified: Callable[[list[int]], None],
+    judge: Judge | None,
+    failed: Callable[[BaseException], None],
+) -> bool:
     """Hook ``node``: ``modified(positions)`` where the backward changed incoming gradients
-    in place, ``judge`` with what it returned. False where this torch cannot."""
+    in place, ``judge`` with what it returned. False where this torch cannot. An error of
+    the hooks' own goes to ``failed`` (the backward goes on); what ``modified`` and
+    ``judge`` raise (strict's ``GuardError``) comes out of ``backward()``."""
     if not hasattr(node, "register_prehook"):
         return False
     kept: list[tuple[Any, int, Any] | None] = []
     handles: list[Any] = []
 
     def before(grad_outputs: tuple[Any, ...]) -> None:
-        kept[:] = [
-            (g, g._version, g.detach().clone()) if g is not None else None for g in grad_outputs
-        ]
+        try:
+            kept[:] = [
+                (g, g._version, g.detach().clone()) if g is not None else None for g in grad_outputs
+            ]
+        except Exception as exc:
+            kept.clear()
+            failed(exc)
 
     def after(grad_inputs: tuple[Any, ...], grad_outputs: tuple[Any, ...]) -> None:
-        for handle in handles:
-            handle.remove()
-        changed = [i for i, entry in enumerate(kept) if entry is not None and _changed(*entry)]
-        copies = [entry[2] if entry is not None else None for entry in kept]
-        kept.clear()
+        try:
+            for handle in handles:
+                handle.remove()
+            changed = [i for i, kept_one in enumerate(kept) if kept_one and _changed(*kept_one)]
+            copies = [entry[2] if entry is not None else None for entry in kept]
+            kept.clear()
+        except Exception as exc:
+            failed(exc)
+            return
         if changed:
             modified(changed)
-        if judge is not None:
+        if judge is not None and copies:
             judge(grad_inputs, copies)
 
     handles += [node.register_prehook(before), node.register_hook(after)]
