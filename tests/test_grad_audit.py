@@ -313,3 +313,22 @@ def test_a_graph_break_beside_the_function_changes_nothing():
     expected, _ = compiled_run(None)
     got, events = compiled_run({"mode": "strict"})
     assert events == [] and identical(expected, got)
+
+
+@pytest.mark.parametrize(
+    ("numbers", "wrong"),
+    [
+        ((-1.0, 1.0, 1.0, 1.0, 1.0), True),  # a wrong sign, smooth and stable: counted
+        ((0.5, 1.0, 1.0, 1.0, 1.0), True),  # half the gradient (a term missing)
+        ((0.95, 1.0, 1.0, 1.0, 1.0), False),  # 5 %: a solver's gradient, not counted
+        ((-1.0, 1.0, 1.0, 1.6, 0.4), False),  # one-sided differences disagree: a kink
+        ((-1.0, 1.0, 0.8, 1.0, 1.0), False),  # h and h/2 disagree: truncation error
+        ((-1e-6, 1e-6, 1e-6, 1e-6, 1e-6), False),  # below the floor: noise
+        ((0.0, float("nan"), 1.0, 1.0, 1.0), False),  # not finite: inconclusive
+    ],
+)
+def test_a_discrepancy_counts_only_where_the_difference_is_trustworthy(numbers, wrong):
+    from autograd_guard.guards.grad_audit.verdict import Projections
+
+    projections = Projections(*numbers, scale=1.0)
+    assert projections.wrong("float64") is wrong
