@@ -72,10 +72,24 @@ class GradAudit(Calls, Guard):
         "max_elements": Option(
             int,
             1 << 24,
-            "an audited call's tensor arguments may hold this many elements in all (its "
-            "copies, and the re-runs' outputs, cost memory several times over)",
+            "an audited call's tensor arguments and outputs may hold this many elements in "
+            "all (the copies and two re-runs' outputs are held at once)",
             minimum=0,
             maximum=1 << 34,
+        ),
+        "max_forward_ms": Option(
+            float,
+            100.0,
+            "a call whose real forward took longer is not audited (an audit re-runs the "
+            "forward up to 18 times)",
+            minimum=0,
+            maximum=1e6,
+        ),
+        "skip": Option(
+            list,
+            [],
+            "Functions never audited, by qualified name (module.Class) or glob pattern "
+            '("megatron.core.*"): backwards that differ from the derivative by design',
         ),
     }
 
@@ -83,6 +97,7 @@ class GradAudit(Calls, Guard):
         super().__init__(*args)
         self._hook = ApplyHook()
         self._init_calls()
+        self._named: set[tuple[str, str, str]] = set()
 
     def _attach(self, module: ModuleType, target: Target | None) -> None:
         from autograd_guard._events import events as _events
@@ -96,15 +111,23 @@ class GradAudit(Calls, Guard):
 
     # -- what the checks found ------------------------------------------------------
 
+    def _name(self, site: str, action: str, event: str, remedy: str, op: str) -> None:
+        """Report once per call site and Function class: two Functions called from one
+        line (inside one library call) are both named."""
+        key = (site, action, op)
+        with self._lock:
+            first = key not in self._named
+            self._named.add(key)
+        self.report(site, action, event, remedy=remedy, function=op, always=first)
+
     def _cut(self, op: str, site: str, count: int, kind: str) -> None:
         event = _structure.cut_event(op, count, kind)
-        self.report(site, "cut_gradient", event, remedy=_structure.CUT_REMEDY, function=op)
+        self._name(site, "cut_gradient", event, _structure.CUT_REMEDY, op)
 
     def _watch(self, op: str, site: str, node: Any, audit: Audit | None) -> None:
         def modified(positions: list[int]) -> None:
             event = _backward.modified_event(op, positions)
-            remedy = _backward.MODIFIED_REMEDY
-            self.report(site, "grad_output_modified", event, remedy=remedy, function=op)
+            self._name(site, "grad_output_modified", event, _backward.MODIFIED_REMEDY, op)
 
         judge = self._judge(op, site, audit) if audit is not None else None
         _backward.watch(node, modified, judge, lambda exc: self.fail("backward hook", exc))
@@ -118,7 +141,7 @@ class GradAudit(Calls, Guard):
             for position, numbers, kind in found:
                 if numbers.wrong(kind):
                     event = wrong_event(op, position, numbers, kind)
-                    self.report(site, "wrong_gradient", event, remedy=WRONG_REMEDY, function=op)
+                    self._name(site, "wrong_gradient", event, WRONG_REMEDY, op)
                     return
 
         return judge

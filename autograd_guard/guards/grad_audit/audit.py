@@ -38,9 +38,10 @@ class Audit:
         self.inputs = inputs  # positions in grad_inputs (torch's order of tensor arguments)
 
     def judge(self, grad_inputs: tuple[Any, ...], grad_outputs: list[Any]) -> list[Any] | str:
-        """(position, Projections, kind) of each input judged; else why it was skipped.
-        The re-run at the unperturbed point comes last: state a forward keeps outside its
-        ``ctx`` (a buffer its backward reads) is left as the real forward left it."""
+        """(argument position, Projections, kind) of each input judged; else why it was
+        skipped. The re-run at the unperturbed point comes last: state a forward keeps
+        outside its ``ctx`` (a buffer its backward reads) is left as the real forward left
+        it. Only running dot products are kept: two perturbed outputs at a time."""
         torch = sys.modules["torch"]
         u = [g if o is not None else None for g, o in zip(grad_outputs, self.outputs, strict=False)]
         if len(grad_outputs) != len(self.outputs) or not any(
@@ -48,21 +49,37 @@ class Audit:
         ):
             return "no incoming gradient to project"
         dtype, wide = self._work_dtype(torch)
+        if dtype is None and self._low_precision(torch):
+            return "a float16/bfloat16 forward that refuses float64: too coarse to judge"
         positions = self.rerun.tensor_positions()
-        perturbed = []
+        perturbed, passed = [], False
         for index in self.inputs[:INPUTS]:
             grad = grad_inputs[index] if index < len(grad_inputs) else None
-            runs = self._perturbed(torch, positions[index][0], positions[index][1], dtype)
+            if grad is not None and _passed_through(torch, grad, u):
+                passed = True  # a straight-through backward: defined by design
+                continue
+            runs = self._perturbed(torch, u, positions[index][1], positions[index][0], dtype)
             if grad is not None and runs is not None:  # None: perturbing changes nothing
                 perturbed.append((index, grad, runs))
         base = self.rerun.run({})
         if not _same(torch, base, self.outputs, 1e-5):
             return "a re-run at the same point did not reproduce the output"
+        at_base = _dot(u, wide or base, self.outputs)
         judged = []
-        for index, grad, (v, h, runs) in perturbed:
-            numbers = self._projections(u, grad, v, h, runs, wide or base, positions[index][1])
-            judged.append((index, numbers, kind_of(v.dtype)))
-        return judged or "no input changes the output when perturbed (a closure or injector)"
+        for index, grad, (v, h, dots, size) in perturbed:
+            numbers = self._projections(u, grad, v, h, dots, at_base, size, positions[index][1])
+            judged.append((positions[index][0], numbers, kind_of(v.dtype)))
+        if judged:
+            return judged
+        if passed:
+            return "its backward passes the incoming gradient straight through"
+        return "no input changes the output when perturbed (a closure or injector)"
+
+    def _low_precision(self, torch: Any) -> bool:
+        halves = (torch.float16, torch.bfloat16)
+        return any(o is not None and o.dtype in halves for o in self.outputs) or any(
+            a.dtype in halves for _, a in self.rerun.tensor_positions()
+        )
 
     def _work_dtype(self, torch: Any) -> tuple[Any, tuple[Any, ...] | None]:
         """float64 and the output there, where the forward accepts it and agrees with the
@@ -80,29 +97,34 @@ class Audit:
             return None, None
         return torch.float64, wide
 
-    def _perturbed(self, torch: Any, where: Any, x: Any, dtype: Any) -> Any:
-        """(v, h, the outputs at x + t v for t = h, -h, h/2, -h/2), or None where perturbing
-        changes no output at all."""
+    def _perturbed(self, torch: Any, u: list[Any], x: Any, where: Any, dtype: Any) -> Any:
+        """(v, h, <u, f(x + t v)> for t = h, -h, h/2, -h/2, |u| |f(x + hv) - f(x - hv)| / 2h),
+        or None where perturbing changes no output at all."""
         x = x.to(dtype) if dtype is not None else x
         generator = torch.Generator(device=x.device).manual_seed(SEED)
         v = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
         h = STEP[kind_of(x.dtype)] * max(1.0, float(x.double().pow(2).mean().sqrt()))
-        runs = {t: self.rerun.run({where: x + t * v}, dtype) for t in (h, -h, h / 2, -h / 2)}
-        if all(_equal(torch, a, b) for a, b in zip(runs[h], runs[-h], strict=True)):
+        real = self.outputs
+        up = self.rerun.run({where: x + h * v}, dtype)
+        down = self.rerun.run({where: x - h * v}, dtype)
+        if all(_equal(torch, a, b) for a, b in zip(up, down, strict=True)):
             return None
-        return v, h, runs
+        size = _norm(u) * _norm(_diffs(up, down, 2 * h, real))
+        dots = {h: _dot(u, up, real), -h: _dot(u, down, real)}
+        del up, down
+        for t in (h / 2, -h / 2):
+            dots[t] = _dot(u, self.rerun.run({where: x + t * v}, dtype), real)
+        return v, h, dots, size
 
     def _projections(
-        self, u: list[Any], grad: Any, v: Any, h: float, runs: Any, base: Any, x: Any
+        self, u: list[Any], grad: Any, v: Any, h: float, dots: Any, base: float, size: float, x: Any
     ) -> Projections:
-        real = self.outputs
-        size = _norm(u) * _norm(_diffs(runs[h], runs[-h], 2 * h, real))
         return Projections(
             backward=float((grad.double() * v.double()).sum()),
-            central=_project(u, runs[h], runs[-h], 2 * h, real),
-            half=_project(u, runs[h / 2], runs[-h / 2], h, real),
-            forward=_project(u, runs[h], base, h, real),
-            backward_side=_project(u, base, runs[-h], h, real),
+            central=(dots[h] - dots[-h]) / (2 * h),
+            half=(dots[h / 2] - dots[-h / 2]) / h,
+            forward=(dots[h] - base) / h,
+            backward_side=(base - dots[-h]) / h,
             scale=size + _norm([grad]) * _norm([v]),
             rounding=self._rounding(u, v, x),
         )
@@ -125,12 +147,25 @@ def _diffs(a: tuple[Any, ...], b: tuple[Any, ...], step: float, real: tuple[Any,
     ]
 
 
-def _project(u: list[Any], a: tuple[Any, ...], b: tuple[Any, ...], step: float, real: Any) -> float:
+def _dot(u: list[Any], outputs: tuple[Any, ...], real: tuple[Any, ...]) -> float:
+    """<u, outputs> over the differentiable outputs, in float64."""
     total = 0.0
-    for g, d in zip(u, _diffs(a, b, step, real), strict=False):
-        if g is not None and d is not None:
-            total += float((g.double() * d).sum())
+    for g, o, r in zip(u, outputs, real, strict=False):
+        if g is not None and o is not None and r is not None:
+            total += float((g.double() * o.double()).sum())
     return total
+
+
+def _passed_through(torch: Any, grad: Any, u: list[Any]) -> bool:
+    """The backward returned an incoming gradient as it is (straight-through): one with
+    no zero (a mask's zeros, as relu's, would make a correct backward look the same)."""
+    return any(
+        g is not None
+        and g.shape == grad.shape
+        and bool(g.all())
+        and torch.equal(g.to(grad.dtype), grad)
+        for g in u
+    )
 
 
 def _norm(tensors: list[Any]) -> float:

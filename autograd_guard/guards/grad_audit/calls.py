@@ -10,15 +10,17 @@ of the guard's own is reported and leaves torch's behaviour.
 
 from __future__ import annotations
 
+import fnmatch
 import sys
 import threading
+import time
 
 from autograd_guard._events import events as _events
 from autograd_guard.errors import GuardError
 from autograd_guard.guards.grad_audit import structure as _structure
 from autograd_guard.guards.grad_audit.audit import Audit
 from autograd_guard.guards.grad_audit.backward import node_of
-from autograd_guard.guards.grad_audit.rerun import RandomState, Rerun
+from autograd_guard.guards.grad_audit.rerun import Rerun, plain
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,35 +48,51 @@ class Calls:
 
     def _init_calls(self) -> None:
         self._lock = threading.Lock()
-        self._calls: dict[type, int] = {}
-        self._looked: dict[type, int] = {}
-        self._audited: dict[type, int] = {}
+        # by class_key: a class made anew at every call counts as one, and is not kept
+        self._calls: dict[Any, int] = {}
+        self._looked: dict[Any, int] = {}
+        self._audited: dict[Any, int] = {}
         self.skipped: dict[str, str] = {}  # op: why its audit was skipped (the exit note)
+
+    def _count(self, counts: dict[Any, int], cls: type, key: Any, most: int) -> int:
+        with self._lock:  # every call counts: a class met only without grad is done too
+            counts[key] = seen = counts.get(key, 0) + 1
+            if seen >= most:
+                self._hook.done[cls] = True
+        return seen
 
     def _first_call(
         self, cls: type, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         if self._hook.is_busy() or not self.active:
             return original(cls, *args, **kwargs)
-        with self._lock:  # every call counts: a class met only without grad is done too
-            self._calls[cls] = calls = self._calls.get(cls, 0) + 1
-            if calls >= CALLS:
-                self._hook.done[cls] = True
+        key = class_key(cls)
+        self._count(self._calls, cls, key, CALLS)
         torch = sys.modules["torch"]
         if _standing_down(torch, args, kwargs) or not _structure.inputs_requiring_grad(
             args, kwargs
         ):
             return original(cls, *args, **kwargs)
-        with self._lock:
-            self._looked[cls] = looked = self._looked.get(cls, 0) + 1
-            if looked >= LOOKED:
-                self._hook.done[cls] = True
+        self._count(self._looked, cls, key, LOOKED)
         rerun = self._guarded("audit", self._plan, cls, original, args, kwargs)
+        start = time.perf_counter()
         output = original(cls, *args, **kwargs)
-        if rerun is not None and rerun.inputs_written(args):
-            rerun = None  # a forward that writes its inputs (mark_dirty) is not re-run
+        seconds = time.perf_counter() - start
+        if rerun is not None:
+            why = self._guarded("audit", rerun.why_not, args, seconds, self._bound())
+            if why is not None:
+                self._skip(cls, why)
+                rerun = None
         self._guarded("check", self._after, cls, output, rerun)
         return output
+
+    def _bound(self) -> float:
+        return float(self.config["max_forward_ms"]) / 1e3
+
+    def _skip(self, cls: type, why: str) -> None:
+        """Not audited; the exit note says why (nothing where ``why`` is empty)."""
+        if why:
+            self.skipped.setdefault(f"{cls.__module__}.{cls.__qualname__}", why)
 
     def _guarded(self, stage: str, step: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -94,16 +112,26 @@ class Calls:
             return None
         if _distributed(torch) or _elements(torch, args) > self.config["max_elements"]:
             return None
+        key = class_key(cls)
         with self._lock:
-            if self._audited.get(cls, 0) >= self.config["audits"]:
+            if self._audited.get(key, 0) >= self.config["audits"]:
                 return None
-            self._audited[cls] = self._audited.get(cls, 0) + 1
+            self._audited[key] = self._audited.get(key, 0) + 1
+        if not all(plain(torch, a) for a in args):
+            self._skip(cls, "an argument the forward may change (an object, not a value)")
+            return None
+        if any(isinstance(a, torch.Tensor) and a.is_complex() for a in args):
+            self._skip(cls, "complex inputs")
+            return None
         return Rerun(original, cls, args, kwargs)
 
     def _in_scope(self, cls: type) -> bool:
         scope = self.config["audit"]
         package = cls.__module__.partition(".")[0]
         if scope == "off" or package in ("torch", "autograd_guard"):
+            return False
+        op = f"{cls.__module__}.{cls.__qualname__}"
+        if any(fnmatch.fnmatchcase(op, pattern) for pattern in self.config["skip"]):
             return False
         return scope == "everywhere" or package in PATCHED
 
@@ -119,26 +147,44 @@ class Calls:
             return
         audit = None
         if rerun is not None and not getattr(node, "dirty_tensors", None):
-            top = output if isinstance(output, tuple) else (output,)
-            torch = sys.modules["torch"]
-            real = tuple(
-                t.detach() if isinstance(t, torch.Tensor) and t.grad_fn is node else None
-                for t in top
-                if isinstance(t, torch.Tensor)
-            )
-            needs = getattr(node, "needs_input_grad", ())
-            tensors = [i for i, a in enumerate(rerun.args) if isinstance(a, torch.Tensor)]
-            inputs = [n for n, i in enumerate(tensors) if i < len(needs) and needs[i]]
-            if inputs and any(t is not None and t.is_floating_point() for t in real):
-                audit = Audit(rerun, real, inputs)
+            audit = self._audit_of(cls, output, node, rerun)
         self._watch(op, self.site_of(cls), node, audit)
+
+    def _audit_of(self, cls: type, output: Any, node: Any, rerun: Rerun) -> Audit | None:
+        """The call's audit, or None (and why, in the exit note)."""
+        top = output if isinstance(output, tuple) else (output,)
+        torch = sys.modules["torch"]
+        real = tuple(
+            t.detach() if isinstance(t, torch.Tensor) and t.grad_fn is node else None for t in top
+        )
+        outputs = [t for t in real if t is not None]
+        if any(t.is_complex() for t in outputs):
+            self._skip(cls, "complex outputs")
+            return None
+        total = _elements(torch, rerun.args) + _elements(torch, tuple(outputs))
+        if total > self.config["max_elements"]:
+            self._skip(cls, "its inputs and outputs hold more than max_elements")
+            return None
+        copies = [a for a in rerun.args if isinstance(a, torch.Tensor)]
+        if any(_copy_of(torch, t, copies) for t in outputs):
+            self._skip(
+                cls,
+                "an output is a copy or view of an input: its backward "
+                "defines its gradient (gradient reversal, scaling, injection)",
+            )
+            return None
+        needs = getattr(node, "needs_input_grad", ())
+        tensors = [i for i, a in enumerate(rerun.args) if isinstance(a, torch.Tensor)]
+        inputs = [n for n, i in enumerate(tensors) if i < len(needs) and needs[i]]
+        if inputs and any(t.is_floating_point() for t in outputs):
+            return Audit(rerun, real, inputs)
+        return None
 
     def _rerun_safely(
         self, audit: Audit, grad_inputs: tuple[Any, ...], grad_outputs: list[Any]
     ) -> list[Any] | str:
-        """The audit's verdicts, run with the guard busy and the caller's RNG states kept;
-        an exception of the forward's own skips the audit."""
-        now = RandomState(audit.rerun.devices)
+        """The audit's verdicts, run with the guard busy; an exception of the forward's
+        own skips the audit."""
         self._hook.busy.on = True
         _events.unheard(True)
         try:
@@ -149,12 +195,29 @@ class Calls:
         finally:
             self._hook.busy.on = False
             _events.unheard(False)
-            now.restore()
+
+
+def class_key(cls: type) -> tuple[str, str, Any]:
+    """A Function class by its module, qualified name and forward's code: the same for
+    a class made anew at every call, and no reference to the class itself."""
+    code = getattr(getattr(cls, "forward", None), "__code__", None)
+    return cls.__module__, cls.__qualname__, code
+
+
+def _copy_of(torch: Any, output: Any, inputs: list[Any]) -> bool:
+    """The output is an input, exactly (a view, ``x.new(x)``, ``x.clone()``)."""
+    return any(
+        a.shape == output.shape and a.dtype == output.dtype and torch.equal(a, output)
+        for a in inputs
+    )
 
 
 def _standing_down(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Nothing is looked at: grad off, functorch transforms, tracing, tensor subclasses."""
+    """Nothing is looked at: grad off, functorch transforms, ``torch.jit`` tracing,
+    ``torch.compile`` tracing, tensor subclasses."""
     if not torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+        return True
+    if torch._C._get_tracing_state() is not None:
         return True
     compiler = getattr(torch, "compiler", None)
     if compiler is not None and getattr(compiler, "is_compiling", None) is not None:

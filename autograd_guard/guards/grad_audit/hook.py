@@ -12,6 +12,7 @@ is compiled as it is unguarded. Dynamo never compiles a frame of the wrapper eit
 from __future__ import annotations
 
 import threading
+import weakref
 
 from autograd_guard._compile.dynamo_frames import skip
 
@@ -24,7 +25,9 @@ if TYPE_CHECKING:
     FirstCall = Callable[[type, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
 
-def make_apply(original: Callable[..., Any], done: dict[type, bool], first: FirstCall) -> Any:
+def make_apply(
+    original: Callable[..., Any], done: weakref.WeakKeyDictionary[type, bool], first: FirstCall
+) -> Any:
     """The function of the classmethod that replaces ``Function.apply``: one dict lookup
     per call once ``done`` holds the class."""
 
@@ -43,7 +46,8 @@ class ApplyHook:
     """Puts the wrapper in ``Function.__dict__["apply"]`` and takes it out again."""
 
     def __init__(self) -> None:
-        self.done: dict[type, bool] = {}  # classes whose first calls were looked at
+        # classes whose first calls were looked at (weakly: a class made at every call dies)
+        self.done: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
         self.busy = threading.local()  # the guard's own re-runs: passed straight through
         self._function: Any = None
         self._saved: Any = None

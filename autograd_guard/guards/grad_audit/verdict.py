@@ -83,7 +83,7 @@ def kind_of(dtype: Any) -> str:
 
 def wrong_event(op: str, position: int, numbers: Projections, kind: str) -> str:
     return (
-        f"{op}'s backward disagrees with a finite difference of its forward (input "
+        f"{op}'s backward disagrees with a finite difference of its forward (argument "
         f"{position}, {'float64' if kind == 'float64' else 'the input dtype'}): "
         f"<backward(u), v> = {numbers.backward:.6g} where the forward gives "
         f"{numbers.central:.6g} (and {numbers.half:.6g} at half the step), a relative "
@@ -95,5 +95,7 @@ def wrong_event(op: str, position: int, numbers: Projections, kind: str) -> str:
 WRONG_REMEDY = (
     "check the Function's backward against its forward (torch.autograd.gradcheck on "
     "float64 inputs): a sign, a missing term, a stale or reused buffer; or upgrade the "
-    "library that defines it"
+    "library that defines it. A backward that differs from the derivative by design "
+    "(a straight-through or dummy gradient): list the Function in grad_audit's skip "
+    'option (skip = ["package.module.Class"], glob patterns allowed)'
 )
