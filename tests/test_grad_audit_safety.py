@@ -3,6 +3,11 @@ and backwards that differ from the derivative by design (a reviewer's reproducer
 
 from __future__ import annotations
 
+import gc
+import time
+import warnings
+import weakref
+
 import pytest
 import torch
 from torch.autograd import Function
@@ -180,3 +185,244 @@ def test_a_bad_skip_option_is_refused_naming_the_key():
     with pytest.raises(Exception, match=r"skip.*list of strings"):
         autograd_guard.install({"guards": {"grad_audit": {"skip": "megatron.*"}}})
     autograd_guard.uninstall()
+
+
+# -- 3. torch.jit.trace ----------------------------------------------------------------
+
+
+class Square(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+class SquareOfLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return Square.apply(self.linear(x)).sum()
+
+
+def test_jit_trace_of_a_module_calling_a_function_works():
+    def trace():
+        torch.manual_seed(0)
+        traced = torch.jit.trace(SquareOfLinear(), torch.randn(3, 4))
+        return traced(torch.ones(3, 4))
+
+    expected = trace()
+    got, events = guarded(trace, mode="strict")
+    assert torch.equal(expected, got) and actions(events) == []
+
+
+# -- 4. random streams and warnings ----------------------------------------------------
+
+
+class Dropout(Function):
+    @staticmethod
+    def forward(ctx, x):
+        mask = (torch.rand(x.shape) > 0.5).float()
+        ctx.save_for_backward(mask)
+        return x * mask * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (mask,) = ctx.saved_tensors
+        return g * mask * 2
+
+
+def test_the_process_wide_generator_is_never_set(monkeypatch):
+    """Another thread drawing meanwhile would see the same numbers twice."""
+    sets = []
+    monkeypatch.setattr(torch, "set_rng_state", lambda state: sets.append(state))
+    _, events = guarded(lambda: Dropout.apply(torch.randn(50, requires_grad=True)).sum().backward())
+    assert sets == [] and actions(events) == [] and "a random forward" in note(events)
+
+
+def test_a_once_per_line_warning_is_shown_once():
+    def steps():
+        with warnings.catch_warnings(record=True) as shown:
+            warnings.simplefilter("default")
+            for _ in range(3):
+                warnings.warn("step() called before optimizer.step()", UserWarning, stacklevel=1)
+                Square.apply(torch.randn(3, requires_grad=True)).sum().backward()
+        return [str(w.message) for w in shown]
+
+    got, events = guarded(steps)
+    assert got == ["step() called before optimizer.step()"] and actions(events) == []
+
+
+# -- 5. to 9. bounds: memory, classes made at every call, time, complex, half precision --
+
+
+class Outer(Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return torch.outer(a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return g @ b, g.t() @ a
+
+
+def test_max_elements_counts_the_outputs():
+    step = lambda: Outer.apply(*torch.randn(2, 64, requires_grad=True)).sum().backward()  # noqa: E731
+    _, events = guarded(step, max_elements=1000)
+    assert "more than max_elements" in note(events)
+
+
+def test_a_class_made_at_every_call_is_audited_a_few_times_and_never_kept():
+    from autograd_guard.guards.grad_audit import audit as _audit
+
+    judged = []
+    original = _audit.Audit.judge
+
+    def made_anew():
+        class Scaled(Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 3
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 3
+
+        return Scaled
+
+    def steps():
+        for _ in range(20):
+            made_anew().apply(torch.randn(5, requires_grad=True)).sum().backward()
+        last = weakref.ref(made_anew())
+        gc.collect()
+        return last
+
+    _audit.Audit.judge = lambda self, *a: judged.append(1) or original(self, *a)
+    try:
+        last, events = guarded(steps)
+    finally:
+        _audit.Audit.judge = original
+    gc.collect()
+    assert len(judged) == 3 and last() is None and actions(events) == []
+
+
+class Slow(Function):
+    @staticmethod
+    def forward(ctx, x):
+        time.sleep(0.02)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def test_an_expensive_forward_is_not_audited():
+    step = lambda: Slow.apply(torch.randn(4, requires_grad=True)).sum().backward()  # noqa: E731
+    started = time.perf_counter()
+    _, events = guarded(step, max_forward_ms=5.0)
+    assert time.perf_counter() - started < 0.2 and "over max_forward_ms" in note(events)
+
+
+class Energy(Function):
+    @staticmethod
+    def forward(ctx, z):
+        ctx.save_for_backward(z)
+        return z.real**2 + z.imag**2
+
+    @staticmethod
+    def backward(ctx, g):
+        (z,) = ctx.saved_tensors
+        return 2 * g * z
+
+
+def test_a_complex_input_is_skipped_without_a_warning():
+    def step():
+        with warnings.catch_warnings(record=True) as shown:
+            warnings.simplefilter("always")
+            z = torch.randn(6, dtype=torch.complex64, requires_grad=True)
+            Energy.apply(z).sum().backward()
+        return [str(w.message) for w in shown]
+
+    expected = step()
+    got, events = guarded(step, mode="strict")
+    assert got == expected and actions(events) == [] and "complex" in note(events)
+
+
+class HalfOnly(Function):
+    @staticmethod
+    def forward(ctx, x):
+        if x.dtype == torch.float64:
+            raise TypeError("a kernel for float16/bfloat16 only")
+        ctx.save_for_backward(x)
+        return x * x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * (x.sin() + x * x.cos())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_bfloat16_kernel_that_refuses_float64_is_not_judged(seed):
+    def step():
+        generator = torch.Generator().manual_seed(seed)
+        x = (torch.randn(32, 8, generator=generator) * 3).bfloat16().requires_grad_()
+        (HalfOnly.apply(x) * torch.randn(32, 8, generator=generator).bfloat16()).sum().backward()
+
+    _, events = guarded(step, mode="strict")
+    assert actions(events) == [] and "bfloat16" in note(events)
+
+
+# -- 10. and 11. what a finding names ---------------------------------------------------
+
+
+def wrong(name, sign):
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.exp(), None
+
+    def backward(ctx, g, unused):
+        (x,) = ctx.saved_tensors
+        return sign * g * x.exp()
+
+    methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
+    return type(name, (Function,), methods)
+
+
+def test_two_wrong_functions_called_from_one_line_are_both_named():
+    first, second = wrong("WrongSign", -1.0), wrong("HalfScale", 0.5)
+
+    def step():
+        for function in (first, second):  # one line calls both
+            function.apply(torch.randn(4, 3, requires_grad=True))[0].sum().backward()
+
+    _, events = guarded(step)
+    names = [e["function"].rsplit(".", 1)[-1] for e in events if e["action"] == "wrong_gradient"]
+    assert names == ["WrongSign", "HalfScale"]
+
+
+class Affine(Function):
+    @staticmethod
+    def forward(ctx, alpha, x, bias):
+        ctx.alpha = alpha
+        return alpha * x + bias
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, g * ctx.alpha, -g  # the bias's gradient (argument 2) has the wrong sign
+
+
+def test_the_finding_names_the_argument_by_its_position_among_all_arguments():
+    x, bias = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    _, events = guarded(lambda: Affine.apply(2.0, x, bias).pow(2).sum().backward())
+    [event] = [e for e in events if e["action"] == "wrong_gradient"]
+    assert "(argument 2," in event["event"]
