@@ -55,7 +55,8 @@ class Audit:
         perturbed, passed = [], False
         for index in self.inputs[:INPUTS]:
             grad = grad_inputs[index] if index < len(grad_inputs) else None
-            if grad is not None and _passed_through(torch, grad, u):
+            x = positions[index][1]
+            if grad is not None and _straight_through(torch, grad, u, x, self.outputs):
                 passed = True  # a straight-through backward: defined by design
                 continue
             runs = self._perturbed(torch, u, positions[index][1], positions[index][0], dtype)
@@ -156,15 +157,24 @@ def _dot(u: list[Any], outputs: tuple[Any, ...], real: tuple[Any, ...]) -> float
     return total
 
 
-def _passed_through(torch: Any, grad: Any, u: list[Any]) -> bool:
-    """The backward returned an incoming gradient as it is (straight-through): one with
-    no zero (a mask's zeros, as relu's, would make a correct backward look the same)."""
-    return any(
+def _straight_through(torch: Any, grad: Any, u: list[Any], x: Any, outputs: Any) -> bool:
+    """A straight-through estimator: the backward returned an incoming gradient as it is
+    (one with no zero: a mask's zeros, as relu's, would make a correct backward look the
+    same) for a forward that is the identity on part of its input (a clamp in range, a
+    round at integers). A wrong backward that returns its gradient through a forward that
+    scales (warp#1728's copy adjoint) is still judged."""
+    passed = any(
         g is not None
         and g.shape == grad.shape
         and bool(g.all())
         and torch.equal(g.to(grad.dtype), grad)
         for g in u
+    )
+    return passed and any(
+        o is not None
+        and o.shape == x.shape
+        and float(((o == x.to(o.dtype)) & (x != 0)).double().mean()) >= 0.1
+        for o in outputs
     )
 
 
