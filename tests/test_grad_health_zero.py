@@ -579,3 +579,46 @@ def test_a_zero_shard_on_one_rank_is_not_the_group_s_finding(tmp_path):
     """ZeRO: rank 1 consumes only a's gradient (zero), rank 0 only b's (not): the words
     ride the step's all-reduce, so neither rank says every gradient was zero."""
     assert group_run(tmp_path, "zero") == []
+
+
+def fit_with(extra, steps=30, mode="observe", **policy):
+    """A head that trains beside ``extra(model, x)`` (a loss term of the model's ``side``
+    layer and its ``gate``, a scalar that starts at 0); the events of ``steps`` steps."""
+    torch.manual_seed(0)
+    head = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 1))
+    model = torch.nn.ModuleDict({"head": head, "side": torch.nn.Linear(4, 4)})
+    model.gate = torch.nn.Parameter(torch.zeros(()))
+    autograd_guard.install({"mode": mode, "guards": {"grad_health": policy}})
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with capture_events() as events:
+        for _ in range(steps):
+            optimizer.zero_grad()
+            x = torch.randn(8, 4)
+            (head(x).pow(2).mean() + extra(model, x)).backward()
+            optimizer.step()
+    return [e for e in events if e["action"] != "summary"]
+
+
+@pytest.mark.parametrize("mode", ["observe", "fix", "strict"])
+def test_a_parameter_whose_gradient_is_zero_at_every_step_while_the_others_train(mode):
+    # a mask of zeros in front of the side layer: its weight and bias never train
+    [event] = fit_with(lambda model, x: (model["side"](x) * torch.zeros(4)).sum(), mode=mode)
+    assert event["action"] == "zero_gradient_parameter" and event["level"] == "warning"
+    assert event["parameters"] == ["side.weight", "side.bias"] and event["steps"] == 20
+    assert "exactly zero at every one of this Adam's first 20 steps" in event["event"]
+    assert event["callsite"].startswith(__file__)
+
+
+def test_tiny_gradients_before_a_normalisation_and_a_zero_initialised_gate_are_not_zero():
+    # every parameter of the head trains (the Linear before LayerNorm too): silent
+    assert fit_with(lambda model, x: 0 * x.sum()) == []
+
+    def gated(model, x):  # ReZero: the branch gets a gradient once the gate has moved
+        return (model.gate * model["side"](x)).pow(2).mean() + (model.gate - 1) ** 2
+
+    assert fit_with(gated) == []
+
+
+def test_every_gradient_zero_is_the_streak_s_finding_not_this_one_and_zero_steps_0_is_off():
+    assert [e["action"] for e in loop(20)] == ["zero_gradient"]
+    assert fit_with(lambda model, x: (model["side"](x) * 0).sum(), zero_steps=0) == []

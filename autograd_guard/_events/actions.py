@@ -26,6 +26,7 @@ NOT_INTERVENTIONS = frozenset(
         "steps_repaired",
         "summary",
         "unused_parameter",
+        "audit_skipped",
     }
 )
 
@@ -36,6 +37,8 @@ ERRORS = frozenset({"guard_error", "load_error"})
 # Events that report a finding: a diagnosis of the user's code; nothing was changed.
 FINDINGS = frozenset(
     {
+        "cut_gradient",
+        "grad_output_modified",
         "lost_gradient",
         "no_gradient",
         "nonfinite_loss",
@@ -43,7 +46,9 @@ FINDINGS = frozenset(
         "repair_stuck",
         "training_stalled",
         "unattached_rules",
+        "wrong_gradient",
         "zero_gradient",
+        "zero_gradient_parameter",
     }
 )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 from autograd_guard._common import STATE
 from autograd_guard._events.sinks import STDERR
@@ -45,6 +46,15 @@ def mute(muted: bool = True) -> None:
     commands, whose output is their report (``doctor`` names a broken guard in words)."""
     with STATE.event_lock:
         STATE.muted = muted
+
+
+_UNHEARD = threading.local()  # a guard's own re-run of the user's code runs on this thread
+
+
+def unheard(on: bool) -> None:
+    """While on, events of this thread are neither shown nor counted: what other guards say
+    of a guard's own re-run of the user's code (grad_audit's) is not the user's run."""
+    _UNHEARD.on = on
 
 
 def after_summary(say: Callable[[], None]) -> None:
@@ -127,6 +137,8 @@ def emit(
 
     Returns True when the event was logged. Never raises.
     """
+    if getattr(_UNHEARD, "on", False):
+        return False
     key = (guard, action, callsite)
     with STATE.event_lock:
         seen = STATE.counts.get(key, 0)

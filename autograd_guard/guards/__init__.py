@@ -34,6 +34,7 @@ BUILTIN = (
     "gsplat_means2d",
     "ipex_xpu",
     "grad_health",
+    "grad_audit",
 )
 ENTRY_POINT_GROUP = "autograd_guard.guards"
 

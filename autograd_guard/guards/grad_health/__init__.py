@@ -36,7 +36,9 @@ finding where its module ran in the forward pass, a note where it never did (``u
 an optimizer that sees no gradient at all for ``lost_steps`` steps in a row is a finding;
 so is a run whose every step is non-finite for ``stall_steps`` steps, and one whose every
 gradient is exactly zero (finite, present, and 0.0: a detached loss term, a hard
-silhouette, a mask of zeros, dead ReLUs) for ``zero_steps`` steps (``zero``).
+silhouette, a mask of zeros, dead ReLUs) for ``zero_steps`` steps (``zero``); so is one
+parameter whose gradient is exactly zero at each of an optimizer's first ``zero_steps``
+steps while others' are not (a stale adjoint in a Warp kernel: ``zero_params``).
 """
 
 from __future__ import annotations

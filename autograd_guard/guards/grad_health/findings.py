@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import threading
 
+from autograd_guard.guards.grad_health import zero_params
 from autograd_guard.guards.grad_health.advice import advice
+from autograd_guard.guards.grad_health.check import parameter_names
+from autograd_guard.guards.grad_health.dist import user_names
 from autograd_guard.guards.grad_health.made import LEAF
 from autograd_guard.guards.grad_health.probe import BackwardProbe
 from autograd_guard.guards.grad_health.zero import event as zero_event
@@ -128,6 +131,27 @@ class Findings:
             ranks=ranks,
             optimizer=type(optimizer).__name__,
         )
+
+    def _zero_window(self, optimizer: Any, record: Record, params: list[Any]) -> None:
+        """An optimizer's first ``zero_steps`` finite steps: each one's gradients kept; at
+        the last, the parameters whose gradient was exactly zero throughout, named once (a
+        warning in every mode)."""
+        steps = self.config["zero_steps"]
+        zero_params.keep(record, params)
+        if record.step < steps or record.sharing is not None:
+            return
+        zero = zero_params.zero_throughout(record, steps)
+        if zero:
+            names = user_names(zero, parameter_names(zero), [p.grad for p in zero])
+            self.emit(
+                zero_params.event(type(optimizer).__name__, names, steps),
+                action="zero_gradient_parameter",
+                callsite=self._sites.site(optimizer),
+                remedy=zero_params.REMEDY,
+                parameters=names,
+                steps=steps,
+                optimizer=type(optimizer).__name__,
+            )
 
     def _arm_probe(self, site: str, shared: bool = False) -> None:
         """Record the next passes to name the op. Repair is for one process: where ranks

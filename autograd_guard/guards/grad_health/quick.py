@@ -17,6 +17,7 @@ import sys
 from autograd_guard.guards.grad_health import zero
 from autograd_guard.guards.grad_health.gate import RUN
 from autograd_guard.guards.grad_health.step import params_of
+from autograd_guard.guards.grad_health.zero_params import in_window
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class QuickFlow:
     _nonfinite: Callable[..., object]
     _zero_probe: Callable[..., Probe | None]
     _zero_counted: Callable[..., None]
+    _zero_window: Callable[..., None]
 
     def _quick(
         self, optimizer: Any, record: Record, args: tuple[Any, ...], kwargs: Any, gated: bool
@@ -91,6 +93,8 @@ class QuickFlow:
             record.in_a_row = 0
             if flag is not None:
                 self._zero_counted(optimizer, record, zero.all_zero(record, grads, flag))
+            if record.zero_params is not None and in_window(record, self.config["zero_steps"]):
+                self._zero_window(optimizer, record, consumed)
             return RUN
         bad = [p for p in consumed if p.grad is not None]
         return self._nonfinite(optimizer, record, bad, gated=gated, evaluation=evaluation)

@@ -56,6 +56,7 @@ class Record:
         "waiting",
         "watch",
         "zero_in_a_row",
+        "zero_params",
         "zero_step",
     )
 
@@ -93,6 +94,9 @@ class Record:
         self.live_until = -1  # the step from which the smallest one is probed again
         self.zero_in_a_row = 0  # steps in a row whose every gradient was exactly zero
         self.zero_step = -1  # the last step counted for that streak
+        # each first step's parameters and their gradients' largest magnitudes, on the
+        # device, until the zero-parameter window's end (grad_health.zero_params)
+        self.zero_params: list[tuple[list[Any], Any]] | None = []
         self.suspect = False  # a probe read late said zero: read every gradient at once
         # the gradients a probe left on the device was made for, and their versions: the
         # step's end counts that step only if they are the same (grad_health.zero)

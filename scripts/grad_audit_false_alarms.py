@@ -1,0 +1,80 @@
+"""grad_audit's false-alarm rate, measured: every case of the clean corpus
+(``tests/grad_audit_corpus.py``: correct Functions, smooth and not, float32-only, random,
+an injector, an ODE-adjoint closure read, checkpointing) run from many random seeds, each
+trial with the guard installed afresh (so each is a Function's first call, audited), and
+the findings counted; the bug cases likewise, for the detection rate. Also counted: the
+trials whose audit judged at least one input (not skipped), so that a silent case is seen
+to have been audited.
+
+    python scripts/grad_audit_false_alarms.py [--trials 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import grad_audit_corpus as corpus
+import torch
+
+import autograd_guard
+from autograd_guard._events.actions import FINDINGS
+from autograd_guard.guards.grad_audit import audit as _audit
+from autograd_guard.testing import capture_events
+
+JUDGED: list[object] = []
+LOG = os.path.join(tempfile.mkdtemp(), "events.jsonl")  # the events, out of the table's way
+
+
+def _counting_judge() -> None:
+    original = _audit.Audit.judge
+
+    def judge(self, grad_inputs, grad_outputs):  # type: ignore[no-untyped-def]
+        JUDGED.append(original(self, grad_inputs, grad_outputs))
+        return JUDGED[-1]
+
+    _audit.Audit.judge = judge  # type: ignore[method-assign]
+
+
+def trial(case, seed: int) -> tuple[int, bool]:
+    """(findings, whether an audit judged an input) of one run of ``case``."""
+    JUDGED.clear()
+    autograd_guard.install({"mode": "observe", "log": LOG})
+    try:
+        with capture_events() as events:
+            torch.manual_seed(seed)
+            case(seed)
+    finally:
+        autograd_guard.uninstall()
+    judged = any(not isinstance(j, str) and j for j in JUDGED)
+    return sum(e["action"] in FINDINGS for e in events), judged
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trials", type=int, default=200)
+    trials = parser.parse_args().trials
+    torch.set_num_threads(1)
+    _counting_judge()
+    alarms = total = 0
+    print("| case | trials | audited | findings |\n|---|---|---|---|")
+    for name, case in corpus.CLEAN.items():
+        runs = [trial(case, 1000 + seed) for seed in range(trials)]
+        found = sum(1 for f, _ in runs if f)
+        alarms, total = alarms + found, total + trials
+        print(f"| {name} | {trials} | {sum(j for _, j in runs)} | {found} |")
+    caught = bugs = 0
+    for name, (case, _action) in corpus.BUGS.items():
+        found = sum(1 for seed in range(trials) if trial(case, 1000 + seed)[0])
+        caught, bugs = caught + found, bugs + trials
+        print(f"| {name} (bug) | {trials} | - | {found} |")
+    print(f"\nfalse alarms: {alarms} in {total} trials of correct code ({alarms / total:.4%})")
+    print(f"bugs caught: {caught} in {bugs} trials ({caught / bugs:.2%})")
+
+
+if __name__ == "__main__":
+    main()
