@@ -13,12 +13,22 @@ import grad_audit_corpus as corpus
 import pytest
 import torch
 from helpers import assert_attached
+from packaging.version import Version as _Version
 
 import autograd_guard
 from autograd_guard._common import STATE
 from autograd_guard.errors import GuardError
 from autograd_guard.guards.grad_audit.calls import class_key
 from autograd_guard.testing import capture_events
+
+# torch 2.1's Dynamo breaks the graph at a hooked Function: grad_audit stands down below 2.2.
+pytestmark = [
+    *globals().get("pytestmark", []),
+    pytest.mark.skipif(
+        _Version(__import__("torch").__version__.split("+")[0]) < _Version("2.2"),
+        reason="grad_audit stands down on torch < 2.2",
+    ),
+]
 
 MODES = ("observe", "fix", "strict")
 

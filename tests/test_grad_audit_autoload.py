@@ -11,6 +11,14 @@ PROGRAM = """
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from packaging.version import Version as _Version
+
+# torch 2.1's Dynamo breaks the graph at a hooked Function: grad_audit stands down below 2.2.
+pytestmark = [*globals().get("pytestmark", []), pytest.mark.skipif(
+    _Version(__import__("torch").__version__.split("+")[0]) < _Version("2.2"),
+    reason="grad_audit stands down on torch < 2.2",
+)]
+
 class WrongSign(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):

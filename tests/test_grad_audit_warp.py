@@ -8,7 +8,17 @@ a tape inside a Function that records a ``wp.copy``, whose adjoint 1.16.0 gets w
 from __future__ import annotations
 
 import pytest
+from packaging.version import Version as _Version
 from test_warp import PREAMBLE, run
+
+# torch 2.1's Dynamo breaks the graph at a hooked Function: grad_audit stands down below 2.2.
+pytestmark = [
+    *globals().get("pytestmark", []),
+    pytest.mark.skipif(
+        _Version(__import__("torch").__version__.split("+")[0]) < _Version("2.2"),
+        reason="grad_audit stands down on torch < 2.2",
+    ),
+]
 
 NEWEST, AFFECTED, FIXED = "1.19.0", "1.16.0", "1.17.0"
 SCRIPT = (

@@ -53,6 +53,11 @@ if TYPE_CHECKING:
 
 class GradAudit(Calls, Guard):
     name = "grad_audit"
+    # torch 2.1's Dynamo breaks the graph at such a Function where the hook is in place
+    # (its audit then ran on a compiled step's eager part, and on FakeTensors in backward
+    # hooks): the guard stands down there. Checked on 2.1.2 (stands down) and 2.13.0.
+    distribution = "torch"
+    affected = ">=2.2"
     symptom = "a Function's backward gives a wrong (finite) or missing gradient"
     upstream = "https://github.com/NVIDIA/warp/issues/1728"
     remedy = "fix the Function's backward (check it with torch.autograd.gradcheck)"
