@@ -13,33 +13,31 @@ and its first ``torch.compile`` strips the wrapper that calls the step hooks fro
 ``torch.optim``'s classes; under the ``.pth`` the hooks are registered while ``import
 torch`` runs, before Dynamo can be told to leave them alone (every version).
 Upstream: pytorch/pytorch#160016 (a cheaper NaN finder).
-Remedy: at each ``optimizer.step()``, in a gate between torch's step hooks and the step
-body (after the user's pre-hooks, so a hook that cleans gradients is respected), one fused
-check of the gradients the step consumes: ``observe`` names the parameters; ``fix`` skips
-the step for real, its body never runs (weights, state, ``param_groups`` and inner
-optimizers as after a hand-written ``continue``; the post-hooks still run, as the lines
-after ``step()`` do); ``strict`` raises before the weights change. A closure step is
-checked after each evaluation and stopped there, undone from a snapshot where it may have
-moved the weights (LBFGS, SAM). The ranks of one model (DDP, ZeRO, FSDP, tensor
-parallel, pipeline stages) decide each step together, on a channel of the guard's own
-that never meets the user's collectives (or alone, said once, where they are out of
-step). A fused optimizer on CUDA is lent
-the flag and skips on the device, with no host sync; steps that GradScaler hands to a
-fused optimizer are its to skip. After the first non-finite step, a few backward passes
-are recorded to name the backward op that first produced the value and the forward line
-that ran it (or the forward op that made a value the forward pass already held). Where
-that same op makes them again (a singular point where the parameters sit: a norm at 0, a
-fully masked softmax row, ``log(0)``), fix repairs the gradient there: the op's non-finite
-outputs become 0 and the step runs (``nonfinite_fix``; ``repair``). A parameter that
-gets no gradient over the first ``lost_steps`` steps while others do is named once: a
-finding where its module ran in the forward pass, a note where it never did (``usage``);
-an optimizer that sees no gradient at all for ``lost_steps`` steps in a row is a finding;
-so is a run whose every step is non-finite for ``stall_steps`` steps, and one whose every
-gradient is exactly zero (finite, present, and 0.0: a detached loss term, a hard
-silhouette, a mask of zeros, dead ReLUs) for ``zero_steps`` steps (``zero``); so is one
-parameter whose gradient is exactly zero at each of an optimizer's first ``zero_steps``
-steps while others' are not (a stale adjoint in a Warp kernel: ``zero_params``).
-"""
+Remedy: at each ``optimizer.step()``, in a gate between torch's step hooks and the step body
+(after the user's pre-hooks, so a hook that cleans gradients is respected), one fused check
+of the gradients the step consumes: ``observe`` names the parameters; ``fix`` skips the step
+for real, its body never runs (weights, state, ``param_groups`` and inner optimizers as
+after a hand-written ``continue``; the post-hooks still run, as the lines after ``step()``
+do); ``strict`` raises before the weights change. A closure step is checked after each
+evaluation and stopped there, undone from a snapshot where it may have moved the weights
+(LBFGS, SAM). The ranks of one model (DDP, ZeRO, FSDP, tensor parallel, pipeline stages)
+decide each step together, on a channel of the guard's own that never meets the user's
+collectives (or alone, said once, where they are out of step). A fused optimizer on CUDA is
+lent the flag and skips on the device, with no host sync; steps that GradScaler hands to a
+fused optimizer are its to skip. After the first non-finite step, a few backward passes are
+recorded to name the backward op that first produced the value and the forward line that ran
+it (or the forward op that made a value the forward pass already held). Where that same op
+makes them again (a singular point where the parameters sit: a norm at 0, a fully masked
+softmax row, ``log(0)``), fix repairs the gradient there: the op's non-finite outputs become
+0 and the step runs (``nonfinite_fix``; ``repair``). A parameter that gets no gradient over
+the first ``lost_steps`` steps while others do is named once: a finding where its module ran
+in the forward pass, a note where it never did (``usage``); an optimizer that sees no
+gradient at all for ``lost_steps`` steps in a row is a finding; so is a run whose every step
+is non-finite for ``stall_steps`` steps, and one whose every gradient is exactly zero
+(finite, present, and 0.0: a detached loss term, a hard silhouette, a mask of zeros, dead
+ReLUs) for ``zero_steps`` steps (``zero``); so is one parameter whose gradient is exactly
+zero at each of an optimizer's first ``zero_steps`` steps while others' are not (a stale
+adjoint in a Warp kernel: ``zero_params``)."""
 
 from __future__ import annotations
 

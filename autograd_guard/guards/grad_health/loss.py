@@ -1,15 +1,14 @@
 """grad_health's loss check: a non-finite loss is said, whether or not its gradients are.
 
-Symptom: a NaN or inf loss whose gradients are finite trains on, silently (``log(relu(x))``
-where the ReLU gives 0: the loss is -inf, its gradient 0). Any torch version.
-Remedy: none to the step (its gradients are the step check's). Each ``Tensor.backward()``
-of a one-element floating loss is read for NaN/inf (on CUDA never by waiting: the flag is
-read once its copy has arrived, at a later backward call); a non-finite loss is said
-(``nonfinite_loss``), and the next forward pass is watched op by op (a
-``TorchFunctionMode``, for that pass only) to name the first op that made a non-finite
-value from finite inputs and its line (``nonfinite_origin``), or why it could not. Not
-under ``torch.compile`` (no Python per op): the event says so.
-Cost: per backward pass, ``.item()`` on the CPU (~7 us, under load); on CUDA no wait.
+Symptom: a NaN/inf loss with finite gradients trains on, silently (``log(relu(x))``). Any torch.
+Remedy: none to the step (its gradients are the step check's). Each ``Tensor.backward()`` of
+a one-element floating loss is read for NaN/inf (on CUDA never by waiting: the flag is read
+once its copy has arrived, at a later backward call); a non-finite loss is said
+(``nonfinite_loss``), the next forward pass watched op by op (a ``TorchFunctionMode``) to
+name the first op that made a non-finite value from finite inputs and its line
+(``nonfinite_origin``), or why it could not. Not under ``torch.compile`` (no Python per op):
+the event says so. Cost: per backward pass, ``.item()`` on the CPU (~7 us, under load); on
+CUDA no wait.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import sys
 
 from autograd_guard._common.callsite import find_callsite
 from autograd_guard.guards.grad_health.check import PendingFlag
+from autograd_guard.guards.grad_health.words import FRAMEWORKS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -175,8 +175,8 @@ class LossCheck:
 
 
 def _backward_site() -> str:
-    """The user's line that called ``backward()`` (outside torch and this package)."""
-    return find_callsite("torch", start=sys._getframe(1))
+    """The user's line that called ``backward()`` (outside torch, the trainers, this package)."""
+    return find_callsite(*FRAMEWORKS, start=sys._getframe(1))
 
 
 def _value(loss: Any) -> str:

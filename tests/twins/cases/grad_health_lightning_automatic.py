@@ -28,7 +28,11 @@ TWIN = {
             "like": "handfix",
         },
         "observe": {
-            "events": ["grad_health/nonfinite_gradient"],
+            "events": [
+                "grad_health/nonfinite_gradient",
+                "grad_health/nonfinite_loss",
+                "grad_health/nonfinite_origin",
+            ],
             "maybe": ["grad_health/nonfinite_origin"],
         },
         "strict": {

@@ -28,7 +28,8 @@ TWIN = {
             "like": "handfix",
         },
         "observe": {
-            "events": ["grad_health/nonfinite_gradient"] * 2,
+            "events": ["grad_health/nonfinite_gradient"] * 2
+            + ["grad_health/nonfinite_loss", "grad_health/nonfinite_origin"],
             "maybe": ["grad_health/nonfinite_origin"],
         },
         "strict": {

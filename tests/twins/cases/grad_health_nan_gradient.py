@@ -18,10 +18,15 @@ TWIN = {
             "like": "handfix",
         },
         "observe": {
-            "events": ["grad_health/nonfinite_gradient", "grad_health/nonfinite_origin"],
+            "events": [
+                "grad_health/nonfinite_gradient",
+                "grad_health/nonfinite_loss",
+                "grad_health/nonfinite_origin",
+                "grad_health/nonfinite_origin",
+            ],
         },
         "strict": {
-            "events": ["grad_health/nonfinite_gradient"],
+            "events": ["grad_health/nonfinite_gradient", "grad_health/nonfinite_origin"],
             "raises": "autograd_guard.errors.GuardError",
         },
     },

@@ -24,13 +24,15 @@ TWIN = {
             "like": "handfix",
         },
         "observe": {
-            "events": ["grad_health/nonfinite_gradient"] * 4,
+            "events": ["grad_health/nonfinite_gradient"] * 4
+            + ["grad_health/nonfinite_loss"] * 2
+            + ["grad_health/nonfinite_origin"] * 2,
             # The wrapped AdamWs (Lookahead's, SAM's) step with the NaN too, as unguarded:
             # they may be named as call sites of their own.
             "maybe": ["grad_health/nonfinite_origin", *["grad_health/nonfinite_gradient"] * 2],
         },
         "strict": {
-            "events": ["grad_health/nonfinite_gradient"],
+            "events": ["grad_health/nonfinite_gradient", "grad_health/nonfinite_origin"],
             "raises": "autograd_guard.errors.GuardError",
         },
     },
