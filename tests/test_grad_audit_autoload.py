@@ -5,19 +5,20 @@ unset (nothing), and a correct program (silent)."""
 from __future__ import annotations
 
 import pytest
+import torch
 from helpers import run_python
+from packaging.version import Version
+
+# torch 2.1's Dynamo breaks the graph at a hooked Function: grad_audit stands down below 2.2.
+pytestmark = pytest.mark.skipif(
+    Version(torch.__version__.split("+")[0]) < Version("2.2"),
+    reason="grad_audit stands down on torch < 2.2",
+)
 
 PROGRAM = """
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from packaging.version import Version as _Version
-
-# torch 2.1's Dynamo breaks the graph at a hooked Function: grad_audit stands down below 2.2.
-pytestmark = [*globals().get("pytestmark", []), pytest.mark.skipif(
-    _Version(__import__("torch").__version__.split("+")[0]) < _Version("2.2"),
-    reason="grad_audit stands down on torch < 2.2",
-)]
 
 class WrongSign(torch.autograd.Function):
     @staticmethod
