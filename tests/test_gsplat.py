@@ -328,4 +328,7 @@ def test_strict_raises_from_backward_with_one_frame_of_the_guard():
     entries = traceback.extract_tb(caught.value.__traceback__)
     assert entries[0].filename == __file__ and entries[0].line == "loss_of(image).backward()"
     ours = [e.name for e in entries if e.filename.startswith(PACKAGE_DIR)]
-    assert ours == ["autograd_guard_hook"] and entries[-1].name == "autograd_guard_hook"
+    # grad_health's loss check wraps Tensor.backward (its frame sits between the user's
+    # line and torch's): the guard's hook is the only other frame, and the last
+    assert ours in (["autograd_guard_hook"], ["backward", "autograd_guard_hook"])
+    assert entries[-1].name == "autograd_guard_hook"
