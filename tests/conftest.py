@@ -122,6 +122,11 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
     monkeypatch.chdir(tmp_path)
+    # Dynamo's count of compiled frames is per process: a test that compiled must not make
+    # a later one look like a program that uses torch.compile (grad_health's loss check)
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    if dynamo_utils is not None:
+        dynamo_utils.counters["frames"].clear()
     yield
     _engine.uninstall()
     STATE.reset()
