@@ -29,7 +29,7 @@ TWIN = {
         },
         "observe": {
             "events": ["grad_health/nonfinite_gradient"] * 2
-            + ["grad_health/nonfinite_loss", "grad_health/nonfinite_origin"],
+            + ["grad_health/nonfinite_loss", "grad_health/nonfinite_origin"] * 2,
             "maybe": ["grad_health/nonfinite_origin"],
         },
         "strict": {
