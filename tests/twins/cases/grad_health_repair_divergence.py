@@ -11,6 +11,8 @@ TWIN = {
         "fix": {
             "events": [
                 "grad_health/nonfinite_gradient",
+                "grad_health/nonfinite_loss",
+                "grad_health/nonfinite_origin",
                 "grad_health/nonfinite_origin",
                 "grad_health/training_stalled",
                 "grad_health/steps_skipped",

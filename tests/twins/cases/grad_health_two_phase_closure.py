@@ -22,7 +22,8 @@ TWIN = {
             "like": "handfix",
         },
         "observe": {
-            "events": ["grad_health/nonfinite_gradient"],
+            "events": ["grad_health/nonfinite_gradient"]
+            + ["grad_health/nonfinite_loss", "grad_health/nonfinite_origin"] * 2,
             # The wrapped SGD steps with the NaN too, as unguarded: it may be named as a
             # call site of its own.
             "maybe": ["grad_health/nonfinite_origin", "grad_health/nonfinite_gradient"],
