@@ -21,6 +21,8 @@ TWIN = {
             "events": [
                 "pytorch3d_euler_gimbal/finite_gradient",
                 "grad_health/nonfinite_gradient",
+                "grad_health/nonfinite_loss",
+                "grad_health/nonfinite_origin",
                 "grad_health/nonfinite_origin",
             ]
         },
