@@ -147,7 +147,9 @@ def test_strict_skips_names_the_op_then_raises_before_the_weights_change():
         torch.sqrt((w * 0).pow(2).sum()).backward()
         optimizer.step()  # skipped, said at once
         assert [e["action"] for e in events] == ["nonfinite_gradient"]
-        assert "the next step raises" in events[0]["event"] and events[0]["level"] == "error"
+        assert (
+            "optimizer's next step raises" in events[0]["event"] and events[0]["level"] == "error"
+        )
         optimizer.zero_grad()
         torch.sqrt((w * 0).pow(2).sum()).backward()  # recorded
         with pytest.raises(autograd_guard.GuardError, match="made by SqrtBackward0"):
@@ -156,6 +158,28 @@ def test_strict_skips_names_the_op_then_raises_before_the_weights_change():
     origin = [e for e in events if e["action"] == "nonfinite_origin"]
     assert len(origin) == 1 and origin[0]["op"] == "SqrtBackward0"
     assert not torch.is_anomaly_enabled() and torch.autograd.backward is ORIGINAL_BACKWARD
+
+
+def test_strict_stops_the_optimizer_that_skipped_not_the_next_one_to_step():
+    """Two optimizers (a GAN's halves; a rank's local optimizer beside a shared one): a
+    non-finite step of ``first`` is skipped, ``second`` steps as unguarded, and the raise
+    comes at ``first``'s next step, its weights unchanged."""
+    autograd_guard.install({"mode": "strict"})
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    first, second = torch.optim.SGD([a], lr=0.1), torch.optim.SGD([b], lr=0.1)
+    with capture_events():
+        (torch.sqrt((a * 0).pow(2).sum()) + b.sum()).backward()
+        first.step()  # skipped
+        second.step()  # its own gradient is finite: it steps
+        assert torch.equal(b.detach(), torch.full((3,), 0.9))
+        for optimizer in (first, second):
+            optimizer.zero_grad()
+        (torch.sqrt((a * 0).pow(2).sum()) + b.sum()).backward()
+        second.step()
+        with pytest.raises(autograd_guard.GuardError, match="made by SqrtBackward0"):
+            first.step()
+    assert torch.equal(a.detach(), torch.ones(3)) and not first.state
+    assert torch.allclose(b.detach(), torch.full((3,), 0.8))
 
 
 def test_uninstall_removes_every_patch():

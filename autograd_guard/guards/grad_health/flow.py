@@ -93,7 +93,7 @@ class StepFlow(QuickFlow, SharedFlow, ZeroFlow, UsageFlow, ClosureFlow):
             record.depth = self._stepping.__dict__["depth"] = 0  # left by an interrupted step
         self._enter(record)
         try:
-            self._stop_pending()  # strict: the op the pass after a skipped step named
+            self._stop_pending(record)  # strict: the op the pass after its skipped step named
             if record.flag is not None:
                 self._step_over(optimizer, record)  # the last step raised before its post-hooks
             verdict = self._quick(optimizer, record, args, kwargs, gated)

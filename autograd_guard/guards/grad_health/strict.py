@@ -7,7 +7,10 @@ weights, the optimizer's state and ``param_groups`` as before it), and records t
 backward pass with the localiser (the cost of ``torch.autograd.detect_anomaly()`` for that
 one pass); the next optimizer step raises ``GuardError`` before it runs, naming the op and
 its forward line (or why it was not found: a one-off value), with the weights still
-unchanged. A run that ends before another step ends with exit status 3, said at exit.
+unchanged. The stop belongs to the optimizer whose step was skipped: another optimizer's
+step (a GAN's other half, a rank's local optimizer beside a shared one) runs as it would,
+so no rank stops in a place its own code does not expect. A run that ends before that
+optimizer steps again ends with exit status 3, said at exit.
 Where a step cannot be skipped (a closure's evaluation, an optimizer class with no gate,
 ranks that decide together, a flag left on the device) or ``localize_steps = 0``, strict
 raises at the first non-finite step, as before.
@@ -28,10 +31,12 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_health.compile import EagerHooks
     from autograd_guard.guards.grad_health.record import Record
 
+STEPS = 16  # the recording's bound in optimizer steps (of any optimizer) with no backward pass
+
 STOPPED = (
     "this {kind} step was skipped (weights, optimizer state and param_groups as before it), "
-    "the next backward pass recorded, and the run stopped at the next step, before the "
-    "weights changed"
+    "the next backward pass recorded, and the run stopped at this optimizer's next step, "
+    "before the weights changed"
 )
 
 
@@ -44,7 +49,7 @@ class StrictStop:
     _probe_site: str | None
     _probes_left: int
     _probe_lock: threading.Lock
-    _pending_stop: tuple[str, str, str, Any] | None
+    _pending_stop: tuple[Record, BackwardProbe, str, str, str, Any] | None
     emit: Callable[..., bool]
     refuse: Callable[..., NoReturn]
     _probe_finished: Callable[..., None]
@@ -71,15 +76,16 @@ class StrictStop:
             if self._probe is not None or self._probes_left <= 0:
                 return False
             self._probes_left -= 1
-            probe = BackwardProbe(1, 2, self._hooks.eager)
+            # one pass; the steps of other optimizers before it do not end it
+            probe = BackwardProbe(1, STEPS, self._hooks.eager)
             probe.arm()
             self._probe, self._probe_site = probe, site
         kind = type(optimizer).__name__
-        self._pending_stop = (kind, what, site, names)
+        self._pending_stop = (record, probe, kind, what, site, names)
         self.emit(
             f"{what}: this {kind} step was skipped (weights, optimizer state and param_groups "
-            "as before it); strict records the next backward pass to name the op, and the next "
-            "step raises",
+            "as before it); strict records the next backward pass to name the op, and this "
+            "optimizer's next step raises",
             action="nonfinite_gradient",
             callsite=site,
             level="error",
@@ -88,31 +94,32 @@ class StrictStop:
         )
         return True
 
-    def _stop_pending(self, at_exit: bool = False) -> None:
-        """The step after a deferred one (or the exit): the op the recorded pass named,
-        and the stop (raised; at exit, logged with exit status 3)."""
+    def _stop_pending(self, record: Record | None = None, at_exit: bool = False) -> None:
+        """The deferring optimizer's next step (``record``) or the exit: the op the
+        recorded pass named, and the stop (raised; at exit, logged with exit status 3)."""
         pending = getattr(self, "_pending_stop", None)
-        if pending is None:
+        if pending is None or (not at_exit and pending[0] is not record):
             return
         self._pending_stop = None
-        kind, what, site, names = pending
+        _, probe, kind, what, site, names = pending
         from autograd_guard.guards.grad_health import findings
 
-        probe, remedy = self._probe, self._nonfinite_remedy()
-        if probe is not None:
+        remedy = self._nonfinite_remedy()
+        recording = self._probe is probe  # else finished at another optimizer's step, and said
+        if recording:
             probe.disarm()
             self._probe_finished(probe, at_exit=at_exit)  # nonfinite_origin: the op, or why not
-            if probe.origin is not None:
-                op, line = probe.origin
-                what += f", made by {op} (the backward of line {findings._short(line, site)})"
-                remedy = findings.MAKE_SAFE
+        if probe.origin is not None:
+            op, line = probe.origin
+            what += f", made by {op} (the backward of line {findings._short(line, site)})"
+            remedy = findings.MAKE_SAFE
         event = f"{what}: {STOPPED.format(kind=kind)}"
         fields = {"action": "nonfinite_gradient", "callsite": site, "parameters": names}
         if not at_exit:
             self.refuse(event, remedy=remedy, **fields)
         event = event.replace(
-            ", the next backward pass recorded, and the run stopped at the next step, before the "
-            "weights changed",
+            ", the next backward pass recorded, and the run stopped at this optimizer's next "
+            "step, before the weights changed",
             "; the run ended before another step (exit status 3)",
         )
         self.emit(event, level="error", remedy=remedy, always=True, **fields)  # not the skip's
