@@ -226,12 +226,12 @@ def test_the_exit_statuses_the_docs_name_are_the_codes():
     assert rows[str(_grad_findings.EXIT_STATUS)].startswith(
         "`strict`: a `lost_gradient` or `no_gradient` found"
     )
-    assert _calls("fail_at_exit") == {"_strict_finding"}
+    assert _calls("fail_at_exit") == {"strict_finding"}
     # and strict's stop deferred to name the op, where no step came after it (issue 52)
-    assert _calls("_strict_finding") == {"_lost_event", "_report_no_gradient", "_stop_pending"}
+    assert _calls("strict_finding") == {"_lost_event", "_report_no_gradient", "due"}
     assert "a non-finite step skipped with no step after it" in rows["3"]
-    assert 'action="lost_gradient"' in inspect.getsource(_grad_usage.UsageFlow._lost_event)
-    assert 'action="no_gradient"' in inspect.getsource(_grad_usage.UsageFlow._report_no_gradient)
+    assert 'action="lost_gradient"' in inspect.getsource(_grad_usage.Usage._lost_event)
+    assert 'action="no_gradient"' in inspect.getsource(_grad_usage.Usage._report_no_gradient)
     for finding in ("zero_gradient", "nonfinite_origin", "unattached_rules", "unused_parameter"):
         assert f"`{finding}`" in section.split("leaves the status as it is", 1)[1]
     for path in TEXTS:  # the old claim: "a finding at exit: status 3"

@@ -499,10 +499,10 @@ def test_the_localiser_reads_a_sparse_gradient_without_failing():
 
 
 def test_observe_names_the_parameters_once_per_call_site(monkeypatch):
-    from autograd_guard.guards import grad_health
+    from autograd_guard.guards.grad_health import nonfinite
 
     scans = []
-    monkeypatch.setattr(grad_health, "parameter_names", lambda ps: scans.append(ps) or ["w"])
+    monkeypatch.setattr(nonfinite, "parameter_names", lambda ps: scans.append(ps) or ["w"])
     autograd_guard.install({"mode": "observe", "guards": {"grad_health": {"lost_steps": 0}}})
     nan_loop(6)  # five NaN steps at one call site: one scan of the live objects
     assert len(scans) == 1

@@ -1,6 +1,6 @@
-"""grad_health's one-frame path for the common step (``grad_health/quick.py``) decides as
-the full check does: each loop runs twice in one process, once as shipped and once with
-the quick path off, and the two runs must agree bit for bit (weights, optimizer state,
+"""grad_health's one-frame path for the common step (``StepFlow._quick``, ``flow.py``)
+decides as the full check does: each loop runs twice in one process, once as shipped and
+once with the quick path off, and the two runs must agree bit for bit (weights, optimizer state,
 events, the steps that raised), while the quick path really decides most steps."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import autograd_guard
-from autograd_guard.guards.grad_health import quick
+from autograd_guard.guards.grad_health.flow import StepFlow
 from autograd_guard.testing import capture_events
 
 NAN = float("nan")
@@ -47,14 +47,14 @@ def loop(steps=14, nan=(5, 6, 11), none=(), zero=(), group_at=None, optimizer=to
 
 def run(policy, quick_on, **kwargs):
     taken = []
-    original = quick.QuickFlow._quick
+    original = StepFlow._quick
 
     def counted(self, *args):
         verdict = original(self, *args) if quick_on else None
         taken.append(verdict is not None)
         return verdict
 
-    quick.QuickFlow._quick = counted
+    StepFlow._quick = counted
     autograd_guard.install(policy)
     try:
         with capture_events() as events:
@@ -62,7 +62,7 @@ def run(policy, quick_on, **kwargs):
         record = record_of(opt)
     finally:
         autograd_guard.uninstall()
-        quick.QuickFlow._quick = original
+        StepFlow._quick = original
     # nonfinite_origin's text is left out: which op the localiser names for this loop's
     # `loss * NaN` varies between runs, with or without the quick path (an open bug of the
     # localiser: the tainted root or the `extra * 0.1` node); its action is compared

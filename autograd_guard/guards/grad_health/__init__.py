@@ -41,36 +41,34 @@ adjoint in a Warp kernel: ``zero_params``)."""
 
 from __future__ import annotations
 
-import threading
-
 from autograd_guard._events import events as _events
 from autograd_guard.guard import Guard, Option
-from autograd_guard.guards.grad_health.check import FiniteCheck, all_values_finite, parameter_names
+from autograd_guard.guards.grad_health.check import FiniteCheck
 from autograd_guard.guards.grad_health.compile import EagerHooks
-from autograd_guard.guards.grad_health.dist import local_gradient, user_names
-from autograd_guard.guards.grad_health.findings import FIND_IT, MAKE_SAFE, Findings
-from autograd_guard.guards.grad_health.flow import StepFlow
-from autograd_guard.guards.grad_health.gate import SKIP, Gates, drop_gradients
+from autograd_guard.guards.grad_health.findings import FIND_IT, MAKE_SAFE
+from autograd_guard.guards.grad_health.flow import Parts, StepFlow
+from autograd_guard.guards.grad_health.gate import step_codes
+from autograd_guard.guards.grad_health.localise import Localiser
 from autograd_guard.guards.grad_health.loss import LossCheck
-from autograd_guard.guards.grad_health.probe import BackwardProbe
-from autograd_guard.guards.grad_health.record import Records
-from autograd_guard.guards.grad_health.repair import WOULD_FIX, RepairFlow
+from autograd_guard.guards.grad_health.nonfinite import NonFinite
+from autograd_guard.guards.grad_health.repair import Repair
 from autograd_guard.guards.grad_health.strict import StrictStop
-from autograd_guard.guards.grad_health.words import ON_DEVICE, StepSites, step_outcome, stop_outcome
+from autograd_guard.guards.grad_health.together import Together
+from autograd_guard.guards.grad_health.usage import Usage
+from autograd_guard.guards.grad_health.voice import Voice
+from autograd_guard.guards.grad_health.words import StepSites
+from autograd_guard.guards.grad_health.zero import ZeroWatch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Any, NoReturn
+    from typing import Any
 
     from autograd_guard.guard import Target
-    from autograd_guard.guards.grad_health.closure import Evaluation
-    from autograd_guard.guards.grad_health.dist import Sharing
-    from autograd_guard.guards.grad_health.mending import Repairer
-    from autograd_guard.guards.grad_health.record import Record
+    from autograd_guard.guards.grad_health.record import Records
 
 
-class GradHealth(StepFlow, RepairFlow, StrictStop, LossCheck, Findings, Guard):
+class GradHealth(Guard):
     name = "grad_health"
     symptom = "a parameter gets no gradient, or a non-finite gradient reaches the optimizer"
     upstream = "https://github.com/pytorch/pytorch/issues/160016"
@@ -140,41 +138,48 @@ class GradHealth(StepFlow, RepairFlow, StrictStop, LossCheck, Findings, Guard):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._records = Records()
-        self._finite = FiniteCheck()
-        self._hooks = EagerHooks()
-        self._gates = Gates(self._decide, self._finish, self._closure_step)
-        self._sites = StepSites(self._gates.step_codes)
-        self._stepping = threading.local()
-        self._probe: BackwardProbe | None = None
-        self._probe_site: str | None = None
-        self._probes_left = 3  # a probe may find nothing (another thread's passes)
-        self._named: set[tuple[str, str]] = set()  # (action, call site) named already
-        self._probe_lock = threading.Lock()
-        self._repairer: Repairer | None = None
-        self._repair_stopped = False  # a repair stalled: such steps are skipped again
+        voice = Voice(self.emit, self.refuse, self.fail, self.mode, self.config)
+        hooks = self._hooks = EagerHooks()
+        sites = StepSites(step_codes)
+        localiser = self._localiser = Localiser(voice, hooks, sites)
+        strict = self._strict = StrictStop(voice, localiser)
+        repair = self._repair = Repair(voice, hooks, sites, localiser)
+        self._loss = LossCheck(voice, hooks, localiser)
+        usage = self._usage = Usage(voice, hooks, sites)
+        zero = ZeroWatch(voice, sites)
+        nonfinite = NonFinite(voice, sites, localiser, strict, repair)
+        finite = FiniteCheck()
+        together = Together(voice, sites, finite, zero, nonfinite)
+        parts = Parts(finite, usage, together, repair, zero, nonfinite, strict, localiser)
+        self._flow = StepFlow(voice, hooks, sites, parts)
+
+    @property
+    def _records(self) -> Records:
+        """Every optimizer's record (the step pipeline's)."""
+        return self._flow.records
 
     def steps_watched(self) -> int:
         """Optimizer steps seen so far, of every optimizer."""
-        return self._records.steps
+        return self._flow.records.steps
 
     def _attach(self, module: ModuleType, target: Target | None) -> None:
         from autograd_guard._common import importer as _importer
 
-        self._hooks.prepare(module, self._before_step, self._after_step)
+        flow = self._flow
+        self._hooks.prepare(module, flow.before_step, flow.after_step)
         _importer.when_imported("torch._dynamo", self._dynamo_imported)  # 2.1: rehooked first
         try:
-            self._gates.watch(module.Optimizer, self._hooks.register)
+            flow.gates.watch(module.Optimizer, self._hooks.register)
         except Exception as exc:  # fail open: every step is seen from the step hooks
             self._hooks.register()
             self.fail("hook", exc)
-        self._watch_loss()
+        self._loss.watch()
         _events.at_exit(self._exit_check)
 
     def _dynamo_imported(self, dynamo: ModuleType) -> None:
         try:
-            self._gates.eager(dynamo)
-            self._hooks.dynamo_imported(dynamo, self._run_unhooked_step)
+            self._flow.gates.eager(dynamo)
+            self._hooks.dynamo_imported(dynamo, self._flow.run_unhooked_step)
         except Exception as exc:  # fail open: the hooks run as they are
             self.fail("hook", exc)
 
@@ -183,118 +188,44 @@ class GradHealth(StepFlow, RepairFlow, StrictStop, LossCheck, Findings, Guard):
             self._at_exit()
 
     def _detach(self) -> None:
-        self._unwatch_loss()
+        self._flow.active = False
+        self._loss.unwatch()
         self._hooks.remove()
-        self._gates.remove()
-        with self._probe_lock:
-            if self._probe is not None:
-                self._probe.disarm()
-                self._probe = None
-        if self._repairer is not None:
-            self._repairer.disarm()
+        self._flow.gates.remove()
+        self._localiser.detach()
+        self._repair.detach()
 
-    def _nonfinite(
-        self,
-        optimizer: Any,
-        record: Record,
-        bad: list[Any],
-        *,
-        gated: bool = True,
-        on_device: bool = False,
-        sharing: Sharing | None = None,
-        ranks: list[int] | None = None,
-        evaluation: Evaluation | None = None,
-    ) -> object:
-        """Report a non-finite step; the verdict (raises in strict)."""
-        site = self._sites.site(optimizer)
-        names = self._names("nonfinite_gradient", site, bad, sharing)
-        what = f"non-finite gradient in {', '.join(names or ['some parameters'])}"
-        if ranks:
-            what += f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-        speaks = sharing is None or sharing.first  # a group's decision: its first rank logs
-        if self.mode == "strict" and not on_device:
-            stop, when = (what, site, names), (gated, evaluation, sharing)
-            if self._defer_stop(optimizer, record, stop, when):
-                return SKIP  # the next step raises, naming the op (see .strict)
-            self._stop(optimizer, record, what, site, names, evaluation, speaks, ranks)
-        done, verdict = step_outcome(
-            self.mode, type(optimizer).__name__, gated, evaluation, record.evaluations
-        )
-        if on_device:
-            done = ON_DEVICE[self.mode]
-        elif self.mode == "observe" and self._repairs():
-            done = done.replace("fix would skip it)", f"fix would {WOULD_FIX})")
-        if verdict == SKIP:
-            done += _count_skip(optimizer, record, on_device, evaluation)
-        if speaks:
-            self.emit(
-                f"{what}: {done}",
-                action="nonfinite_gradient",
-                callsite=site,
-                parameters=names,
-                ranks=ranks,
-                optimizer=type(optimizer).__name__,
-                evaluation=record.evaluations or None,
-                remedy=self._nonfinite_remedy(),
-            )
-        if bad:
-            self._arm_probe(site, shared=record.sharing is not None)
-        if record.nonfinite(self.config["stall_steps"]) and speaks:
-            self._stalled(record, site)
-        return verdict
+    def settle(self) -> None:
+        """The end of one run inside the process (a test of a guarded pytest session):
+        what the exit would say of the optimizers seen so far is said now, and they are
+        forgotten (each test is a run of its own; an optimizer that lives on starts anew)."""
+        self._at_exit()
+        self._flow.restart()
+        self._repair.forget()
 
-    def _stop(
-        self,
-        optimizer: Any,
-        record: Record,
-        what: str,
-        site: str,
-        names: Any,
-        evaluation: Evaluation | None,
-        speaks: bool,
-        ranks: list[int] | None,
-    ) -> NoReturn:
-        """strict: the step does not go on; what is true of the weights, said."""
-        kind = type(optimizer).__name__
-        event = f"{what} {stop_outcome(kind, evaluation, record.evaluations, bool(ranks))}"
-        self.refuse(
-            event,
-            action="nonfinite_gradient",
-            callsite=site,
-            remedy=self._nonfinite_remedy(),
-            log=speaks,  # the group's first rank logs it; every rank raises
-            parameters=names,
-            ranks=ranks,
-        )
-
-    def _names(
-        self, action: str, site: str, params: list[Any], sharing: Sharing | None
-    ) -> list[str] | None:
-        """The non-finite parameters' user names: one scan of live modules per call site
-        (each time in strict, which raises); a group's, from every rank of it."""
-        if sharing is None and (
-            not params or (self.mode != "strict" and (action, site) in self._named)
-        ):
-            return None
-        self._named.add((action, site))
-        names: list[str] = []
-        if params:
-            grads = [p.grad for p in params]
-            finite = [all_values_finite(local_gradient(g)) for g in grads]
-            bad = [p for p, ok in zip(params, finite, strict=True) if not ok] or params
-            grads = [p.grad for p in bad]
-            names = user_names(bad, parameter_names(bad), grads)
-        return sharing.gather_names(names) if sharing is not None else names
+    def _at_exit(self) -> None:
+        """The run is over: an armed localiser's last word, and parameters (or whole
+        optimizers) that got no gradient in a run shorter than ``lost_steps``."""
+        self._strict.due(at_exit=True)  # strict: a deferred stop no step raised
+        self._localiser.stop(at_exit=True)
+        self._loss.finished("the run ended before another forward pass")
+        self._repair.exit()
+        records = self._flow.records
+        for record in records.all():
+            self._usage.at_exit(record)
+            if record.skipped:
+                self.emit(
+                    f"{record.skipped} of {record.step} optimizer steps of this {record.kind} "
+                    "were skipped (non-finite gradients)",
+                    action="steps_skipped",
+                    callsite=record.site or "-",
+                    level="error" if record.skipped == record.step else "warning",
+                    steps=record.step,
+                    skipped=record.skipped,
+                    remedy="the nonfinite_gradient events name the parameters; a skipped "
+                    "step does not train",
+                )
+        records.over = True  # what is freed from now on says nothing (shutdown)
 
 
 GUARD = GradHealth
-
-
-def _count_skip(optimizer: Any, record: Record, on_device: bool, evaluation: Any) -> str:
-    """Count a skipped step. On the ranks of a shared model whose every step so far was
-    skipped (the checkpoint-resume case; not while a closure's step body is still on), its
-    gradients are dropped as ``zero_grad()`` would; one process keeps a bare ``continue``.
-    What the event adds to its words."""
-    record.skipped += 1
-    fresh = record.sharing is not None and record.skipped == record.step
-    return drop_gradients(optimizer) if fresh and not on_device and evaluation is None else ""

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from autograd_guard._common.environment import Mode
-    from autograd_guard.guards.grad_health.record import Record, Records
+    from autograd_guard.guards.grad_health.record import Record
+    from autograd_guard.guards.grad_health.voice import Voice
 
 
 class StepStopped(BaseException):
@@ -61,21 +61,22 @@ class Evaluation:
             self.snapshot.restore()
 
 
-class ClosureFlow:
-    """The closure half of ``StepFlow``."""
+class Closures:
+    """Steps with a closure, handed by the step flow with the three things it needs from
+    it: ``check`` (the verdict on the gradients now), ``leave`` (the step is over) and
+    ``active`` (the guard is still on)."""
 
-    active: bool
-    mode: Mode
-    config: dict[str, Any]
-    _records: Records
-    fail: Callable[[str, BaseException], None]
-    _check: Callable[..., object]
-    _nonfinite: Callable[..., object]
-    _leave: Callable[[Record], None]
+    def __init__(
+        self,
+        voice: Voice,
+        check: Callable[..., object],
+        leave: Callable[[Record], None],
+        active: Callable[[], bool],
+    ) -> None:
+        self._voice, self._check, self._leave, self._active = voice, check, leave, active
 
-    def _closure_step(self, body: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    def step(self, body: Callable[..., Any], args: Any, kwargs: Any, record: Record) -> Any:
         optimizer = args[0]
-        record = self._records.get(optimizer)
         try:
             closure, position = record.closure or (None, -1)
             record.closure = None
@@ -84,7 +85,7 @@ class ClosureFlow:
             self._leave(record)
             raise
         except Exception as exc:  # fail open: the step runs as it would unguarded
-            self.fail("step check", exc)
+            self._voice.fail("step check", exc)
             evaluation, verdict = None, RUN
         try:
             if verdict == SKIP:
@@ -112,7 +113,7 @@ class ClosureFlow:
         """The step body caught the guard's stop and went on: it is undone again from the
         snapshot; strict raises once more, outside the body."""
         evaluation.undo()
-        if self.mode == "strict":
+        if self._voice.mode == "strict":
             raise GuardError(
                 f"autograd-guard [grad_health]: the {type(optimizer).__name__} step caught "
                 "the guard's error for its non-finite gradients and went on"
@@ -124,7 +125,7 @@ class ClosureFlow:
     ) -> tuple[Evaluation | None, object]:
         """The step's evaluation record (None: nothing to check) and the verdict on the
         gradients handed to a third-party optimizer."""
-        if not self.config["nonfinite"]:
+        if not self._voice.config["nonfinite"]:
             return None, RUN
         first = evaluates_first(optimizer)
         handed = _grad_versions(optimizer)
@@ -132,7 +133,7 @@ class ClosureFlow:
             verdict = self._check(optimizer, record, kwargs)  # SAM's first step uses them
             if verdict == SKIP:
                 return None, SKIP
-        snapshot = None if first or self.mode == "observe" else Snapshot(optimizer)
+        snapshot = None if first or self._voice.mode == "observe" else Snapshot(optimizer)
         return Evaluation(type(optimizer), params_of(optimizer), snapshot), RUN
 
     def _checked_closure(
@@ -141,7 +142,7 @@ class ClosureFlow:
         def closure_then_check() -> Any:
             loss = closure()
             record.evaluations += 1
-            if self.active:
+            if self._active():
                 self._evaluated(optimizer, record, evaluation, loss)
             return loss
 
@@ -157,7 +158,7 @@ class ClosureFlow:
         except GuardError:
             raise
         except Exception as exc:
-            self.fail("step check", exc)
+            self._voice.fail("step check", exc)
             return
         if verdict == SKIP:
             raise StepStopped(loss, evaluation)

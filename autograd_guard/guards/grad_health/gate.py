@@ -79,7 +79,6 @@ class Gates:
         self.decide, self.finish, self.closure_step = self._plain
         self._cells: list[tuple[Any, Any]] = []  # (cell, the body it held)
         self._seen: dict[type, tuple[Any, bool]] = {}  # class -> (its step, gated)
-        self._code: Any = None
         self._watched: tuple[type, Any, Any] | None = None  # (Optimizer, torch's patcher, ours)
 
     def ensure(self, kind: type) -> bool:
@@ -167,10 +166,6 @@ class Gates:
             frame = frame.f_back  # type: ignore[assignment]
         return False
 
-    def step_codes(self) -> tuple[Any, ...]:
-        """The code objects of a step in progress: torch's wrapper and the gate."""
-        return tuple(code for code in (self._wrapper_code(), _GATE_CODE) if code is not None)
-
     def remove(self) -> None:
         if self._watched is not None:
             base, original, ours = self._watched
@@ -185,16 +180,25 @@ class Gates:
 
     def _body_cell(self, step: Any) -> Any:
         """The ``func`` cell of torch's wrapper, found through decorators' ``__wrapped__``."""
-        wrapper = hook_wrapper(step, self._wrapper_code())
+        wrapper = hook_wrapper(step, wrapper_code())
         if wrapper is None:
             return None
         names, closure = wrapper.__code__.co_freevars, wrapper.__closure__
         return closure[names.index("func")] if "func" in names and closure else None
 
-    def _wrapper_code(self) -> Any:
-        if self._code is None:
-            self._code = hook_wrapper_code(sys.modules["torch"]) or False
-        return self._code or None
+
+_WRAPPER_CODE: list[Any] = []  # torch's step wrapper's code object (False: none), once
+
+
+def wrapper_code() -> Any:
+    if not _WRAPPER_CODE:
+        _WRAPPER_CODE.append(hook_wrapper_code(sys.modules["torch"]) or False)
+    return _WRAPPER_CODE[0] or None
+
+
+def step_codes() -> tuple[Any, ...]:
+    """The code objects of a step in progress: torch's wrapper and the gate."""
+    return tuple(code for code in (wrapper_code(), _GATE_CODE) if code is not None)
 
 
 def drop_gradients(optimizer: Any) -> str:

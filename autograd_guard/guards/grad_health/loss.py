@@ -23,8 +23,11 @@ from autograd_guard.guards.grad_health.words import FRAMEWORKS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
+
+    from autograd_guard.guards.grad_health.compile import EagerHooks
+    from autograd_guard.guards.grad_health.localise import Localiser
+    from autograd_guard.guards.grad_health.voice import Voice
 
 LIMIT = 20_000  # the most ops one watched forward pass reads
 _OWN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
@@ -37,54 +40,60 @@ WATCHED = "the next forward pass is watched to name the op (a nonfinite_origin e
 
 
 class LossCheck:
-    """The mixin of ``GradHealth`` that reads each loss (see the module's docstring)."""
+    """Reads each loss (see the module's docstring); owns the ``Tensor.backward``
+    replacement, the CUDA flags in flight and the forward pass being watched."""
 
-    emit: Callable[..., bool]
-    fail: Callable[[str, BaseException], None]
-    _hooks: Any
-    _probe: Any
-
-    def _watch_loss(self) -> None:
-        torch = sys.modules["torch"]
-        if getattr(self, "_loss_wrapper", None) is torch.Tensor.backward:
-            return  # watching already (a module imported again)
-        self._loss_backward = original = torch.Tensor.backward
-        self._loss_pending: list[Any] = []  # CUDA losses' flags, oldest first
+    def __init__(self, voice: Voice, hooks: EagerHooks, localiser: Localiser) -> None:
+        self._voice, self._hooks, self._localiser = voice, hooks, localiser
+        self._original: Any = None  # torch's Tensor.backward
+        self._plain: Any = None  # the replacement, before EagerHooks made it Dynamo's to skip
+        self._wrapper: Any = None  # the replacement in place
+        self._pending: list[Any] = []  # CUDA losses' flags, oldest first
         self._finder: Any = None
-        self._loss_named: set[str] = set()  # call sites whose loss's op was named
+        self._named: set[str] = set()  # call sites whose loss's op was named
+
+    def watch(self) -> None:
+        torch = sys.modules["torch"]
+        if self._wrapper is not None and self._wrapper is torch.Tensor.backward:
+            return  # watching already (a module imported again)
+        self._original = original = torch.Tensor.backward
+        self._pending, self._finder, self._named = [], None, set()
 
         def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            said = self._loss_read(tensor)
+            said = self._read(tensor)
             try:
                 return original(tensor, *args, **kwargs)
             finally:
                 if said is not None:
                     self._find_next(said)
 
-        self._loss_plain = backward
-        self._loss_wrapper = self._hooks.eager(backward)
-        torch.Tensor.backward = self._loss_wrapper
+        self._plain = backward
+        self._wrapper = self._hooks.eager(backward)
+        torch.Tensor.backward = self._wrapper
         from autograd_guard._common import importer as _importer
 
-        _importer.when_imported("torch._dynamo", self._loss_dynamo)
+        _importer.when_imported("torch._dynamo", self._dynamo)
 
-    def _loss_dynamo(self, _: Any) -> None:
+    def _dynamo(self, _: Any) -> None:
         """Dynamo is imported: the wrapper is made one it never traces (after the step
         hooks, which set ``eager`` up), so a compiled step's ``backward()`` breaks the graph
         there as it would unguarded."""
         torch = sys.modules["torch"]
-        if torch.Tensor.backward is self._loss_wrapper:
-            self._loss_wrapper = self._hooks.eager(self._loss_plain)
-            torch.Tensor.backward = self._loss_wrapper
+        if torch.Tensor.backward is self._wrapper:
+            self._wrapper = self._hooks.eager(self._plain)
+            torch.Tensor.backward = self._wrapper
 
-    def _unwatch_loss(self) -> None:
+    def unwatch(self) -> None:
         torch = sys.modules.get("torch")
-        wrapper = getattr(self, "_loss_wrapper", None)
-        if torch is not None and wrapper is not None and torch.Tensor.backward is wrapper:
-            torch.Tensor.backward = self._loss_backward
-        self._loss_finished("the run ended before another forward pass")
+        if (
+            torch is not None
+            and self._wrapper is not None
+            and torch.Tensor.backward is self._wrapper
+        ):
+            torch.Tensor.backward = self._original
+        self.finished("the run ended before another forward pass")
 
-    def _loss_read(self, loss: Any) -> str | None:
+    def _read(self, loss: Any) -> str | None:
         """Before a backward pass: this loss's value (one host read on the CPU; on CUDA a
         flag read once it has arrived), the watched forward pass's word, the flags ready.
         The call site whose loss was non-finite, for the next forward pass."""
@@ -94,23 +103,23 @@ class LossCheck:
                 if loss.device.type == "cpu":
                     finite = math.isfinite(loss.item()) or _scaled(loss)
                 elif not _scaled(loss):  # read once it has arrived, at a later call
-                    self._loss_pending.append(PendingFlag(~loss.detach().isfinite().reshape(())))
+                    self._pending.append(PendingFlag(~loss.detach().isfinite().reshape(())))
             if self._finder is not None:
-                self._loss_finished(ONE_OFF if finite else NONE_MADE)
+                self.finished(ONE_OFF if finite else NONE_MADE)
             said = None
-            while self._loss_pending and self._loss_pending[0].ready():
-                if self._loss_pending.pop(0).nonfinite():  # said where backward() is called
-                    said = self._loss_said(_backward_site(), "NaN or inf")
+            while self._pending and self._pending[0].ready():
+                if self._pending.pop(0).nonfinite():  # said where backward() is called
+                    said = self._said(_backward_site(), "NaN or inf")
             if finite is False:
-                said = self._loss_said(_backward_site(), _value(loss))
+                said = self._said(_backward_site(), _value(loss))
             return said
         except Exception as exc:  # fail open: the backward pass runs as it would
-            self.fail("loss check", exc)
+            self._voice.fail("loss check", exc)
             return None
 
-    def _loss_said(self, site: str, value: str) -> str:
+    def _said(self, site: str, value: str) -> str:
         watch = _compiling()
-        self.emit(
+        self._voice.emit(
             f"the loss passed to backward() is {value}; the step that uses its gradients "
             "runs if they are finite (the step's check decides)",
             action="nonfinite_loss",
@@ -118,7 +127,7 @@ class LossCheck:
             remedy=f"{WATCHED}; {LOSS_REMEDY}" if not watch else LOSS_REMEDY,
         )
         if watch:
-            self.emit(
+            self._voice.emit(
                 "the op that made the non-finite loss could not be found: torch.compile is "
                 "in use, and its graphs run no Python per op",
                 action="nonfinite_origin",
@@ -129,29 +138,29 @@ class LossCheck:
 
     def _find_next(self, site: str) -> None:
         """Watch the next forward pass (from now to the next backward call)."""
-        if not site or self._finder is not None or site in self._loss_named:
+        if not site or self._finder is not None or site in self._named:
             return
-        if self._probe is not None:  # the backward localiser is on it (non-finite gradients)
+        if self._localiser.probe is not None:  # the backward localiser is on it
             return
         try:
             finder = _finder_class()(site)
             finder.__enter__()
             self._finder = finder
         except Exception as exc:
-            self.fail("loss check", exc)
+            self._voice.fail("loss check", exc)
 
-    def _loss_finished(self, why: str) -> None:
+    def finished(self, why: str) -> None:
         """A watched forward pass is over: the op it found, or ``why`` none was found."""
-        finder, self._finder = getattr(self, "_finder", None), None
+        finder, self._finder = self._finder, None
         if finder is None:
             return
         finder.stop()
         fields: dict[str, Any] = {"action": "nonfinite_origin", "callsite": finder.site}
         fields["of"] = "loss"
         if finder.found is not None:
-            self._loss_named.add(finder.site)
+            self._named.add(finder.site)
             op, line = finder.found
-            self.emit(
+            self._voice.emit(
                 f"the non-finite loss came from {op} on line {line}: the first op of the next "
                 "forward pass to make a non-finite value from finite inputs",
                 op=op,
@@ -167,9 +176,9 @@ class LossCheck:
             )
         anomaly = "wrap the step in torch.autograd.detect_anomaly() where it comes again"
         fix = "run with AUTOGRAD_GUARD=fix (it keeps the weights finite), or "
-        self.emit(
+        self._voice.emit(
             f"the op that made the non-finite loss could not be found: {why}",
-            remedy=anomaly if getattr(self, "mode", "") == "fix" else fix + anomaly,
+            remedy=anomaly if self._voice.mode == "fix" else fix + anomaly,
             **fields,
         )
 

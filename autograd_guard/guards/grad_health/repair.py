@@ -25,20 +25,22 @@ do.
 
 from __future__ import annotations
 
+from autograd_guard.guards.grad_health.findings import say_stall
 from autograd_guard.guards.grad_health.gate import RUN
 from autograd_guard.guards.grad_health.mending import LOSS, REST, Repairer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any, NoReturn
+    from typing import Any
 
-    from autograd_guard._common.environment import Mode
     from autograd_guard.guards.grad_health.compile import EagerHooks
+    from autograd_guard.guards.grad_health.localise import Localiser
     from autograd_guard.guards.grad_health.probe import BackwardProbe
     from autograd_guard.guards.grad_health.record import Record
+    from autograd_guard.guards.grad_health.voice import Voice
     from autograd_guard.guards.grad_health.words import StepSites
 
+NONFINITE = object()  # the verdict "a non-finite step after all": the caller says it
 RECURS = 3  # non-finite steps in a row of one optimizer, the last repaired
 REPAIRED = (
     "from step {step} on, the non-finite gradient that {op} (the backward of the forward "
@@ -67,51 +69,48 @@ STUCK = (
 )
 
 
-class RepairFlow:
-    """The repair half of ``GradHealth``: when to begin, what is said, when to stop."""
+class Repair:
+    """When a repair begins, what is said, when it stops; owns the ``Repairer`` (the
+    hooks that mend the passes) and whether repair has stopped for the run."""
 
-    mode: Mode
-    config: dict[str, Any]
-    _probe: BackwardProbe | None
-    _hooks: EagerHooks
-    _sites: StepSites
-    _repairer: Repairer | None
-    _repair_stopped: bool
-    emit: Callable[..., bool]
-    refuse: Callable[..., NoReturn]
-    _nonfinite: Callable[..., object]
-    _say_stall: Callable[..., None]
+    def __init__(
+        self, voice: Voice, hooks: EagerHooks, sites: StepSites, localiser: Localiser
+    ) -> None:
+        self._voice, self._hooks, self._sites, self._localiser = voice, hooks, sites, localiser
+        self.repairer: Repairer | None = None
+        self._stopped = False  # a repair stalled: such steps are skipped again
 
-    def _repairs(self) -> bool:
-        return self.config["nonfinite_fix"] == "repair" and not self._repair_stopped
+    def repairs(self) -> bool:
+        return self._voice.config["nonfinite_fix"] == "repair" and not self._stopped
 
-    def _mended_verdict(self, optimizer: Any, record: Record, gated: bool) -> object | None:
-        """The step after a probe pass that mended its gradients: repaired (the same node
-        made them again), or skipped as the non-finite step it was."""
-        probe = self._probe
+    def mended_verdict(self, optimizer: Any, record: Record, gated: bool) -> object | None:
+        """The step after a probe pass that mended its gradients: repaired (RUN: the same
+        node made them again), or ``NONFINITE``: the non-finite step it was; None where
+        no pass was mended."""
+        probe = self._localiser.probe
         if probe is None or not probe.mended:
             return None
         probe.mended = False
         # a recurrence in time: this optimizer's own third non-finite step in a row (not
         # several models' passes of one bad batch, each on the same line)
         recurs = record.in_a_row >= RECURS - 1
-        if self.mode == "fix" and probe.confirmed() and recurs and self._repairs() and gated:
-            self._repair_begins(optimizer, record, probe)
+        if self._voice.mode == "fix" and probe.confirmed() and recurs and self.repairs() and gated:
+            self._begins(optimizer, record, probe)
             record.in_a_row = 0
             return RUN
-        return self._nonfinite(optimizer, record, [], gated=gated)
+        return NONFINITE
 
-    def _repair_begins(self, optimizer: Any, record: Record, probe: BackwardProbe) -> None:
-        repairer = self._repairer
+    def _begins(self, optimizer: Any, record: Record, probe: BackwardProbe) -> None:
+        repairer = self.repairer
         if repairer is None:
-            repairer = self._repairer = Repairer(self._hooks.eager)
+            repairer = self.repairer = Repairer(self._hooks.eager)
         repairer.keys |= probe.makers  # armed once the probe has put torch's functions back
         repairer.watch(probe.behind)
         repairer.quiet = 0
         repairer.repaired += 1  # this step's pass was mended by the probe
         op, line = probe.origin or ("<unknown>", "<unknown>")
         repairer.site = self._sites.site(optimizer)
-        self.emit(
+        self._voice.emit(
             REPAIRED.format(step=record.step, op=op, line=line, passes=len(probe.keys)),
             action="nonfinite_repaired",
             callsite=self._sites.site(optimizer),
@@ -122,12 +121,12 @@ class RepairFlow:
             ops=sorted({key[0] for key in probe.makers}),
         )
 
-    def _repair_over(self, optimizer: Any) -> None:
+    def step_done(self) -> None:
         """After a step: read what the repaired passes say; a stalled repair stops. The
         repairer patches and unpatches torch's functions only while no probe has (each
         puts back what it found only where it is still on top)."""
-        repairer = self._repairer
-        if repairer is None or self._probe is not None or self._repair_stopped:
+        repairer = self.repairer
+        if repairer is None or self._localiser.probe is not None or self._stopped:
             return
         if not repairer.armed:
             if repairer.keys and repairer.quiet < REST:
@@ -137,16 +136,16 @@ class RepairFlow:
         if repairer.quiet >= REST:  # the singular point is behind: healthy steps pay nothing
             repairer.disarm()
             return
-        what = repairer.stalled(self.config["stall_steps"])
+        what = repairer.stalled(self._voice.config["stall_steps"])
         if what is not None:
-            self._repair_stalled(repairer, what)
+            self._stalled(repairer, what)
 
-    def _repair_stalled(self, repairer: Repairer, what: str) -> None:
+    def _stalled(self, repairer: Repairer, what: str) -> None:
         """The loss has not fallen: a stall, and the repair stops. The parameters behind
         the op have not moved: a warning (the repair goes on while the loss falls)."""
         op, site = ", ".join(sorted({key[0] for key in repairer.keys})), repairer.site
         if what != LOSS:
-            self.emit(
+            self._voice.emit(
                 STUCK.format(steps=repairer.repaired, op=op),
                 action="repair_stuck",
                 callsite=site,
@@ -155,19 +154,27 @@ class RepairFlow:
             )
             return
         repairer.disarm()
-        self._repair_stopped = True
+        self._stopped = True
         event = STALLED.format(steps=repairer.repaired, op=op)
-        self._say_stall(event, site, repairer.repaired, REPAIR_REMEDY)
+        say_stall(self._voice, event, site, repairer.repaired, REPAIR_REMEDY)
 
-    def _repair_exit(self) -> None:
-        repairer = self._repairer
+    def forget(self) -> None:
+        """A new run in the process (``settle``): the repairer is dropped, unsaid."""
+        self.repairer = None
+
+    def detach(self) -> None:
+        if self.repairer is not None:
+            self.repairer.disarm()
+
+    def exit(self) -> None:
+        repairer = self.repairer
         if repairer is None:
             return
         repairer.disarm()
         repairer.drain()
         if repairer.repaired:
             ops = sorted({key[0] for key in repairer.keys})
-            self.emit(
+            self._voice.emit(
                 f"{repairer.repaired} optimizer steps ran with a repaired gradient (the "
                 f"non-finite outputs of {', '.join(ops)} set to 0)",
                 action="steps_repaired",

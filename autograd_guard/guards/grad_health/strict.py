@@ -14,22 +14,20 @@ optimizer steps again ends with exit status 3, said at exit.
 Where a step cannot be skipped (a closure's evaluation, an optimizer class with no gate,
 ranks that decide together, a flag left on the device) or ``localize_steps = 0``, strict
 raises at the first non-finite step, as before.
-
-A mixin of ``GradHealth``.
 """
 
 from __future__ import annotations
 
-from autograd_guard.guards.grad_health.probe import BackwardProbe
+from autograd_guard.guards.grad_health.findings import MAKE_SAFE, short, strict_finding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import threading
-    from collections.abc import Callable
-    from typing import Any, NoReturn
+    from typing import Any
 
-    from autograd_guard.guards.grad_health.compile import EagerHooks
+    from autograd_guard.guards.grad_health.localise import Localiser
+    from autograd_guard.guards.grad_health.probe import BackwardProbe
     from autograd_guard.guards.grad_health.record import Record
+    from autograd_guard.guards.grad_health.voice import Voice
 
 STEPS = 16  # the recording's bound in optimizer steps (of any optimizer) with no backward pass
 
@@ -40,49 +38,48 @@ STOPPED = (
 )
 
 
+class Deferred:
+    """A stop strict owes: the optimizer's record, its recording, and what to say."""
+
+    __slots__ = ("kind", "names", "probe", "record", "site", "what")
+
+    def __init__(
+        self, record: Record, probe: BackwardProbe, kind: str, stop: tuple[str, str, Any]
+    ) -> None:
+        self.record, self.probe, self.kind = record, probe, kind
+        self.what, self.site, self.names = stop
+
+
 class StrictStop:
-    """``_defer_stop`` at a non-finite step; ``_stop_pending`` at the next one."""
+    """``defer`` at a non-finite step; ``due`` at that optimizer's next one (or the exit)."""
 
-    config: dict[str, Any]
-    _hooks: EagerHooks
-    _probe: BackwardProbe | None
-    _probe_site: str | None
-    _probes_left: int
-    _probe_lock: threading.Lock
-    _pending_stop: tuple[Record, BackwardProbe, str, str, str, Any] | None
-    emit: Callable[..., bool]
-    refuse: Callable[..., NoReturn]
-    _probe_finished: Callable[..., None]
-    _nonfinite_remedy: Callable[[], str]
+    def __init__(self, voice: Voice, localiser: Localiser) -> None:
+        self._voice, self._localiser = voice, localiser
+        self.pending: Deferred | None = None
 
-    def _defer_stop(
+    def defer(
         self, optimizer: Any, record: Record, stop: tuple[str, str, Any], when: tuple[Any, ...]
     ) -> bool:
-        """strict: skip this step and record the next pass; False where the step is to be
-        stopped at once (see the module's docstring). ``stop``: what, where, the names;
-        ``when``: whether the step is gated, its closure's evaluation, its sharing."""
+        """Skip this step and record the next pass; False where the step is to be stopped
+        at once (see the module's docstring). ``stop``: what, where, the names; ``when``:
+        whether the step is gated, its closure's evaluation, its sharing."""
         gated, evaluation, sharing = when
         if (
             not gated
             or evaluation is not None
             or sharing is not None
             or record.sharing is not None
-            or not self.config["localize_steps"]
-            or getattr(self, "_pending_stop", None) is not None
+            or not self._voice.config["localize_steps"]
+            or self.pending is not None
         ):
             return False
         what, site, names = stop
-        with self._probe_lock:
-            if self._probe is not None or self._probes_left <= 0:
-                return False
-            self._probes_left -= 1
-            # one pass; the steps of other optimizers before it do not end it
-            probe = BackwardProbe(1, STEPS, self._hooks.eager)
-            probe.arm()
-            self._probe, self._probe_site = probe, site
+        probe = self._localiser.arm_once(site, STEPS)  # one pass; other optimizers' steps
+        if probe is None:  # before it do not end it
+            return False
         kind = type(optimizer).__name__
-        self._pending_stop = (record, probe, kind, what, site, names)
-        self.emit(
+        self.pending = Deferred(record, probe, kind, stop)
+        self._voice.emit(
             f"{what}: this {kind} step was skipped (weights, optimizer state and param_groups "
             "as before it); strict records the next backward pass to name the op, and this "
             "optimizer's next step raises",
@@ -90,37 +87,35 @@ class StrictStop:
             callsite=site,
             level="error",
             parameters=names,
-            remedy=self._nonfinite_remedy(),
+            remedy=self._localiser.remedy(find_it=False),
         )
         return True
 
-    def _stop_pending(self, record: Record | None = None, at_exit: bool = False) -> None:
+    def due(self, record: Record | None = None, at_exit: bool = False) -> None:
         """The deferring optimizer's next step (``record``) or the exit: the op the
         recorded pass named, and the stop (raised; at exit, logged with exit status 3)."""
-        pending = getattr(self, "_pending_stop", None)
-        if pending is None or (not at_exit and pending[0] is not record):
+        pending = self.pending
+        if pending is None or (not at_exit and pending.record is not record):
             return
-        self._pending_stop = None
-        _, probe, kind, what, site, names = pending
-        from autograd_guard.guards.grad_health import findings
-
-        remedy = self._nonfinite_remedy()
-        recording = self._probe is probe  # else finished at another optimizer's step, and said
+        self.pending = None
+        probe, what, site = pending.probe, pending.what, pending.site
+        remedy = self._localiser.remedy(find_it=True)
+        recording = self._localiser.probe is probe  # else over at another optimizer's step
         if recording:
             probe.disarm()
-            self._probe_finished(probe, at_exit=at_exit)  # nonfinite_origin: the op, or why not
+            self._localiser.finished(probe, at_exit=at_exit)  # the op, or why not
         if probe.origin is not None:
             op, line = probe.origin
-            what += f", made by {op} (the backward of line {findings._short(line, site)})"
-            remedy = findings.MAKE_SAFE
-        event = f"{what}: {STOPPED.format(kind=kind)}"
-        fields = {"action": "nonfinite_gradient", "callsite": site, "parameters": names}
+            what += f", made by {op} (the backward of line {short(line, site)})"
+            remedy = MAKE_SAFE
+        event = f"{what}: {STOPPED.format(kind=pending.kind)}"
+        fields = {"action": "nonfinite_gradient", "callsite": site, "parameters": pending.names}
         if not at_exit:
-            self.refuse(event, remedy=remedy, **fields)
+            self._voice.refuse(event, remedy=remedy, **fields)
         event = event.replace(
             ", the next backward pass recorded, and the run stopped at this optimizer's next "
             "step, before the weights changed",
             "; the run ended before another step (exit status 3)",
         )
-        self.emit(event, level="error", remedy=remedy, always=True, **fields)  # not the skip's
-        findings._strict_finding()
+        self._voice.emit(event, level="error", remedy=remedy, always=True, **fields)
+        strict_finding()

@@ -2,7 +2,6 @@
 shared by the ranks of one model is decided together, on the guard's own channel
 (``dist``, ``channel``), or alone once the ranks cannot decide together.
 
-A mixin of ``StepFlow``.
 """
 
 from __future__ import annotations
@@ -15,30 +14,34 @@ from autograd_guard.guards.grad_health.gate import RUN
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
     from autograd_guard.guards.grad_health.check import FiniteCheck
     from autograd_guard.guards.grad_health.closure import Evaluation
     from autograd_guard.guards.grad_health.dist import Sharing
+    from autograd_guard.guards.grad_health.nonfinite import NonFinite
     from autograd_guard.guards.grad_health.record import Record, Records
+    from autograd_guard.guards.grad_health.voice import Voice
     from autograd_guard.guards.grad_health.words import StepSites
+    from autograd_guard.guards.grad_health.zero import ZeroWatch
 
 
-class SharedFlow:
-    """Deciding a step with the other ranks of the model (``GradHealth`` reports)."""
+class Together:
+    """Deciding a step with the other ranks of the model; which ranks those are is found
+    once per set of parameters (``sharing``, kept in the optimizer's ``Record``)."""
 
-    config: dict[str, Any]
-    _records: Records
-    _finite: FiniteCheck
-    _sites: StepSites
-    fail: Callable[[str, BaseException], None]
-    emit: Callable[..., bool]
-    _nonfinite: Callable[..., object]
-    _zero_probe: Callable[..., Any]
-    _zero_counted: Callable[..., None]
+    def __init__(
+        self,
+        voice: Voice,
+        sites: StepSites,
+        finite: FiniteCheck,
+        zero: ZeroWatch,
+        nonfinite: NonFinite,
+    ) -> None:
+        self._voice, self._sites, self._finite = voice, sites, finite
+        self._zero, self._nonfinite = zero, nonfinite
 
-    def _decide_together(
+    def decide(
         self,
         optimizer: Any,
         record: Record,
@@ -54,13 +57,13 @@ class SharedFlow:
         try:
             if grads:
                 values = [local_gradient(g) for g in grads]
-                flag = self._zero_probe(record, values)
+                flag = self._zero.probe_for(record, values)
                 local = not self._finite.all_finite(values, None, flag)
                 all_zero = not local and zero.all_zero(record, values, flag)
                 if local or any(v.numel() for v in values):  # a shard of empty ones says nothing
                     word = ALL_ZERO if all_zero else SOME_VALUE
         except Exception as exc:  # the exchange still happens: no rank is left waiting
-            self.fail("step check", exc)
+            self._voice.fail("step check", exc)
         try:
             ranks, all_zero = sharing.exchange(local, word, record.step)
         except ChannelClosed as closed:
@@ -68,13 +71,15 @@ class SharedFlow:
             if not local:
                 return RUN
             bad = [p for p in consumed if p.grad is not None]
-            return self._nonfinite(optimizer, record, bad, gated=gated, evaluation=evaluation)
+            return self._nonfinite.verdict(
+                optimizer, record, bad, gated=gated, evaluation=evaluation
+            )
         if not ranks:
             record.in_a_row = 0
-            self._zero_counted(optimizer, record, all_zero, sharing)
+            self._zero.counted(optimizer, record, all_zero, sharing)
             return RUN
         bad = [p for p in consumed if p.grad is not None] if local else []
-        return self._nonfinite(
+        return self._nonfinite.verdict(
             optimizer, record, bad, gated=gated, sharing=sharing, ranks=ranks, evaluation=evaluation
         )
 
@@ -84,7 +89,7 @@ class SharedFlow:
         if channel.said:
             return
         channel.said = True
-        self.emit(
+        self._voice.emit(
             f"{why}; from now on each rank of {', '.join(map(str, channel.ranks))} decides "
             "its optimizer steps on its own gradients (a non-finite gradient on one rank "
             "skips that rank's step alone)",
@@ -95,10 +100,12 @@ class SharedFlow:
             "together, e.g. by all-reducing the reason first), or raise on every rank",
         )
 
-    def _sharing(self, optimizer: Any, record: Record, params: list[Any]) -> Sharing | None:
+    def sharing(
+        self, optimizer: Any, record: Record, params: list[Any], records: Records
+    ) -> Sharing | None:
         if record.shared_known != len(params):  # the first step, or add_param_group
             record.shared_known = len(params)
-            count = sum(1 for other in self._records.all() if other.sharing is not None)
-            timeout = self.config["exchange_timeout"]
+            count = sum(1 for other in records.all() if other.sharing is not None)
+            timeout = self._voice.config["exchange_timeout"]
             record.sharing = sharing_of(optimizer, params, timeout, count)
         return record.sharing  # one whose channel closed still says what this rank consumes

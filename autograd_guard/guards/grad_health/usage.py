@@ -28,17 +28,17 @@ from __future__ import annotations
 import sys
 
 from autograd_guard.guards.grad_health.check import parameter_names
-from autograd_guard.guards.grad_health.findings import _strict_finding
+from autograd_guard.guards.grad_health.findings import strict_finding
 from autograd_guard.guards.grad_health.forward import ForwardWatch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any, NoReturn
+    from typing import Any
 
-    from autograd_guard._common.environment import Mode
     from autograd_guard.guards.grad_health.compile import EagerHooks
     from autograd_guard.guards.grad_health.record import Record
+    from autograd_guard.guards.grad_health.voice import Voice
     from autograd_guard.guards.grad_health.words import StepSites
 
 LOST_REMEDY = (
@@ -134,19 +134,32 @@ def no_gradient_words(kind: str, steps: int, judged: bool, forward: bool) -> str
     )
 
 
-class UsageFlow:
-    """Counting steps without any gradient (a mixin of ``StepFlow``)."""
+class Usage:
+    """Parameters without a gradient, and steps without any: counted per optimizer (in
+    its ``Record``), told apart by what the forward pass did, and said."""
 
-    mode: Mode
-    config: dict[str, Any]
-    _hooks: EagerHooks
-    _sites: StepSites
-    emit: Callable[..., bool]
-    refuse: Callable[..., NoReturn]
+    def __init__(self, voice: Voice, hooks: EagerHooks, sites: StepSites) -> None:
+        self._voice, self._hooks, self._sites = voice, hooks, sites
 
-    def _no_gradient(self, optimizer: Any, record: Record, params: list[Any]) -> None:
+    def check(self, optimizer: Any, record: Record, params: list[Any]) -> None:
+        """Before a step whose optimizer has parameters still waiting for a first
+        gradient, or a forward watch open, or new parameters: count, watch, name."""
+        lost_steps = self._voice.config["lost_steps"]
+        if (
+            lost_steps
+            and record.evaluations <= 1
+            and (record.waiting or record.watch is not None or len(params) != record.known)
+        ):  # on a healthy step, once every parameter has had a gradient: nothing to do
+            new = len(params) != record.known
+            read(record, params, new)
+            lost = record.lost(params, lost_steps) if record.waiting or new else []
+            begin(record, self._hooks.eager)
+            if lost:
+                self._report_lost(optimizer, record, lost)
+
+    def no_gradient(self, optimizer: Any, record: Record, params: list[Any]) -> None:
         """A step where no parameter had a gradient (frozen ones left out)."""
-        steps = self.config["lost_steps"]
+        steps = self._voice.config["lost_steps"]
         if not steps or not any(p.requires_grad for p in params) or _on_purpose(record):
             return
         if any(p.grad is not None for p in params):  # a shard's own gradients may be none
@@ -164,7 +177,7 @@ class UsageFlow:
         """Parameters that got no gradient in ``steps`` steps (each once): a finding where
         their module ran; a note where it never did; a warning where nothing is known.
         In strict, a finding stops the step (or, at exit, sets the status)."""
-        steps = steps or self.config["lost_steps"]
+        steps = steps or self._voice.config["lost_steps"]
         site = site or self._sites.site(optimizer)
         lost, unused, unknown = sort(record, due)
         if unused:
@@ -198,13 +211,13 @@ class UsageFlow:
             "parameters": names,
             "shapes": [list(p.shape) for p in params] if params is not None else shapes,
         }
-        fails = known and self.mode == "strict"
+        fails = known and self._voice.mode == "strict"
         if fails and optimizer is not None:
-            self.refuse(event, action="lost_gradient", callsite=site, **fields)
+            self._voice.refuse(event, action="lost_gradient", callsite=site, **fields)
         level = "error" if fails else "warning"
-        self.emit(event, action="lost_gradient", callsite=site, level=level, **fields)
+        self._voice.emit(event, action="lost_gradient", callsite=site, level=level, **fields)
         if fails:
-            _strict_finding()
+            strict_finding()
 
     def _report_no_gradient(
         self, optimizer: Any, record: Record, steps: int, retired: bool = False
@@ -217,18 +230,20 @@ class UsageFlow:
         if retired:
             event = f"{event} (the {kind} was gone before exit)"
         site = record.site or "-" if optimizer is None else self._sites.site(optimizer)
-        fails = known and self.mode == "strict"
+        fails = known and self._voice.mode == "strict"
         if fails and optimizer is not None:
-            self.refuse(event, action="no_gradient", callsite=site, remedy=NO_GRADIENT_REMEDY)
+            self._voice.refuse(
+                event, action="no_gradient", callsite=site, remedy=NO_GRADIENT_REMEDY
+            )
         level = "error" if fails else "warning"
         fields = {"steps": steps, "optimizer": kind, "remedy": NO_GRADIENT_REMEDY}
-        self.emit(event, action="no_gradient", callsite=site, level=level, **fields)
+        self._voice.emit(event, action="no_gradient", callsite=site, level=level, **fields)
         if fails:
-            _strict_finding()
+            strict_finding()
 
-    def _usage_at_exit(self, record: Record) -> None:
+    def at_exit(self, record: Record) -> None:
         """A run shorter than ``lost_steps``: what it left without a gradient."""
-        window = self.config["lost_steps"]
+        window = self._voice.config["lost_steps"]
         if not window:
             return
         if FLOOR <= record.empty < window:
@@ -261,7 +276,7 @@ class UsageFlow:
             if record.forward
             else "no module ran a forward pass while they were watched (gradients set by hand?)"
         )
-        self.emit(
+        self._voice.emit(
             f"{len(names)} parameter(s){owner or f' of this {record.kind}'} got no gradient in "
             f"{steps} optimizer steps and {how}: {', '.join(names)}",
             action="unused_parameter",

@@ -31,19 +31,19 @@ from __future__ import annotations
 
 import sys
 
-from autograd_guard.guards.grad_health.check import (
-    Probe,
-    gradient_values,
-)
+from autograd_guard.guards.grad_health import zero_params
+from autograd_guard.guards.grad_health.check import Probe, gradient_values, parameter_names
+from autograd_guard.guards.grad_health.dist import user_names
 from autograd_guard.guards.grad_health.step import params_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
     from autograd_guard.guards.grad_health.dist import Sharing
     from autograd_guard.guards.grad_health.record import Record
+    from autograd_guard.guards.grad_health.voice import Voice
+    from autograd_guard.guards.grad_health.words import StepSites
 
 AGAIN = 64  # steps the probe stays on a larger gradient before trying the smallest
 # Named only where PyTorch3D's renderer is imported: elsewhere it is no lead.
@@ -151,29 +151,31 @@ def event(kind: str, steps: int, ranks: list[int] | None) -> str:
     )
 
 
-class ZeroFlow:
-    """The zero-gradient half of ``StepFlow`` (``GradHealth`` reports)."""
+class ZeroWatch:
+    """The zero-gradient streak (every gradient zero, step after step) and the window of
+    an optimizer's first ``zero_steps`` steps (one parameter zero throughout), counted in
+    each optimizer's ``Record`` and said once each."""
 
-    config: dict[str, Any]
-    _zero_streak: Callable[..., None]
+    def __init__(self, voice: Voice, sites: StepSites) -> None:
+        self._voice, self._sites = voice, sites
 
-    def _zero_probe(self, record: Record, grads: list[Any]) -> Probe | None:
+    def probe_for(self, record: Record, grads: list[Any]) -> Probe | None:
         """A probe for the streak; None when it is off or this step was counted (a
         closure's later evaluation). Every step is probed: a streak of steps not each read
         could not be said to be one."""
-        if not self.config["zero_steps"] or record.zero_step == record.step:
+        if not self._voice.config["zero_steps"] or record.zero_step == record.step:
             return None
         return probe(record, grads)
 
-    def _zero_counted(
+    def counted(
         self, optimizer: Any, record: Record, zero: bool, sharing: Sharing | None = None
     ) -> None:
-        if counts(record, zero, self.config["zero_steps"]) and (
+        if counts(record, zero, self._voice.config["zero_steps"]) and (
             sharing is None or sharing.first  # a group's finding: its first rank logs
         ):
-            self._zero_streak(optimizer, record, sharing.ranks if sharing is not None else None)
+            self._streak(optimizer, record, sharing.ranks if sharing is not None else None)
 
-    def _zero_read(
+    def read_flag(
         self, optimizer: Any, record: Record, probed: tuple[list[Any], list[int]] | None
     ) -> None:
         """A flag left on the device, read once ready: its probe read zero. At the end of
@@ -181,19 +183,54 @@ class ZeroFlow:
         (``probed``: the same tensors at the same versions; an optimizer may change or
         free them in its step), every one is read now (a sync) and the step counted.
         Otherwise that step's gradients are gone: it is not counted, and the next steps
-        are read at once, before they run (``_zero_suspected``)."""
+        are read at once, before they run (``suspected``)."""
         record.suspect = True
         if probed is None:
             return
         grads = [g for p in params_of(optimizer) if (g := p.grad) is not None]
         if unchanged(grads, *probed):
-            self._zero_suspected(optimizer, record, grads)  # this step's, read now
+            self.suspected(optimizer, record, grads)  # this step's, read now
 
-    def _zero_suspected(self, optimizer: Any, record: Record, grads: list[Any]) -> None:
+    def suspected(self, optimizer: Any, record: Record, grads: list[Any]) -> None:
         """A flag left on the device: a step after one whose probe read zero reads every
         gradient now (a sync), until one is not zero."""
         if record.suspect:
-            flag = self._zero_probe(record, grads)
+            flag = self.probe_for(record, grads)
             record.suspect = flag is not None and all_zero(record, grads, flag)
             if flag is not None:
-                self._zero_counted(optimizer, record, record.suspect)
+                self.counted(optimizer, record, record.suspect)
+
+    def _streak(self, optimizer: Any, record: Record, ranks: list[int] | None) -> None:
+        """Every gradient exactly zero for ``zero_steps`` steps: once per streak, a warning
+        in every mode (the steps themselves are not touched)."""
+        steps = record.zero_in_a_row
+        self._voice.emit(
+            event(type(optimizer).__name__, steps, ranks),
+            action="zero_gradient",
+            callsite=self._sites.site(optimizer),
+            remedy=zero_remedy(),
+            steps=steps,
+            ranks=ranks,
+            optimizer=type(optimizer).__name__,
+        )
+
+    def window(self, optimizer: Any, record: Record, params: list[Any]) -> None:
+        """An optimizer's first ``zero_steps`` finite steps: each one's gradients kept; at
+        the last, the parameters whose gradient was exactly zero throughout, named once (a
+        warning in every mode)."""
+        steps = self._voice.config["zero_steps"]
+        zero_params.keep(record, params)
+        if record.step < steps or record.sharing is not None:
+            return
+        zero = zero_params.zero_throughout(record, steps)
+        if zero:
+            names = user_names(zero, parameter_names(zero), [p.grad for p in zero])
+            self._voice.emit(
+                zero_params.event(type(optimizer).__name__, names, steps),
+                action="zero_gradient_parameter",
+                callsite=self._sites.site(optimizer),
+                remedy=zero_params.REMEDY,
+                parameters=names,
+                steps=steps,
+                optimizer=type(optimizer).__name__,
+            )

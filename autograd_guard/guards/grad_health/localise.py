@@ -1,0 +1,181 @@
+"""grad_health's localiser: after a non-finite step, the next backward passes are recorded
+(``probe``) to name the backward op that first made the value and the forward line that
+ran it, or the forward op that made a value the forward pass already held, or why neither
+could be found. One recording at a time, for the whole process; at most ``PROBES`` per
+run (a recording may find nothing: another thread's passes).
+
+Every pointer in an event leads somewhere: the remedy of a non-finite step names the
+``nonfinite_origin`` event only while a recording is armed for it (or one may still be),
+and that event always comes (the op, or why it was not found, at the latest at exit).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from autograd_guard.guards.grad_health.advice import advice
+from autograd_guard.guards.grad_health.findings import (
+    DETECT,
+    FIND_IT,
+    MADE_REMEDY,
+    MAKE_SAFE,
+    ORIGIN_REMEDY,
+    short,
+)
+from autograd_guard.guards.grad_health.made import LEAF
+from autograd_guard.guards.grad_health.probe import BackwardProbe
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from autograd_guard.guards.grad_health.compile import EagerHooks
+    from autograd_guard.guards.grad_health.voice import Voice
+    from autograd_guard.guards.grad_health.words import StepSites
+
+PROBES = 3  # recordings per run
+
+
+class Localiser:
+    """Owns the recording in progress (``probe``), the step that armed it (``site``) and
+    how many are left; says ``nonfinite_origin`` when one is over."""
+
+    def __init__(self, voice: Voice, hooks: EagerHooks, sites: StepSites) -> None:
+        self._voice, self._hooks, self._sites = voice, hooks, sites
+        self.probe: BackwardProbe | None = None
+        self.site: str | None = None  # the step whose gradients armed it
+        self._left = PROBES
+        self._lock = threading.Lock()
+
+    def remedy(self, find_it: bool) -> str:
+        """What to do about a non-finite step, pointing only at events that will come;
+        ``find_it``: strict's stop, where no recording will follow."""
+        if find_it:
+            return f"find the op that made the value: {FIND_IT}; then {MAKE_SAFE}"
+        if self._voice.config["localize_steps"] and (self.probe is not None or self._left):
+            return (
+                "the next backward passes are recorded to name the op that made the value "
+                f"(a nonfinite_origin event follows: the op, or why it was not found); {MAKE_SAFE}"
+            )
+        return f"torch.autograd.detect_anomaly() around the failing step names the op; {MAKE_SAFE}"
+
+    def arm(self, site: str, repairs: bool, shared: bool = False) -> None:
+        """Record the next passes to name the op (not in strict: see ``arm_once``). Where
+        fix repairs (``repairs``), the passes go on until two name the same node, and each
+        is mended as it is recorded; never where ranks decide together (``shared``): a
+        mended pass on one rank is a change the others do not make."""
+        voice = self._voice
+        passes = voice.config["localize_steps"]
+        if voice.mode == "strict" or not passes:
+            return
+        with self._lock:
+            if self.probe is None and self._left > 0:
+                self._left -= 1
+                probe = BackwardProbe(passes, passes + 2, self._hooks.eager)
+                probe.confirm = repairs and voice.mode in ("fix", "observe") and not shared
+                probe.mend = probe.confirm and voice.mode == "fix"
+                probe.arm()
+                self.probe, self.site = probe, site
+
+    def arm_once(self, site: str, steps: int) -> BackwardProbe | None:
+        """strict: record the next backward pass alone (over at most ``steps`` optimizer
+        steps); None where a recording is on already, or none is left."""
+        with self._lock:
+            if self.probe is not None or self._left <= 0:
+                return None
+            self._left -= 1
+            probe = BackwardProbe(1, steps, self._hooks.eager)
+            probe.arm()
+            self.probe, self.site = probe, site
+            return probe
+
+    def step_done(self) -> None:
+        """An optimizer step is over: a recording that is done says what it found."""
+        probe = self.probe
+        if probe is not None and probe.step_done():
+            self.finished(probe)
+
+    def stop(self, at_exit: bool = False) -> None:
+        """The recording in progress ends now, and says what it found."""
+        probe = self.probe
+        if probe is not None:
+            probe.disarm()
+            self.finished(probe, at_exit=at_exit)
+
+    def detach(self) -> None:
+        with self._lock:
+            if self.probe is not None:
+                self.probe.disarm()
+                self.probe = None
+
+    def finished(self, probe: BackwardProbe, at_exit: bool = False) -> None:
+        """``probe`` is over: ``nonfinite_origin`` (the op, or why it was not found)."""
+        with self._lock:
+            if self.probe is not probe:
+                return
+            self.probe = None
+            if probe.origin is not None or probe.tainted:  # later passes would say no more
+                self._left = 0
+        if probe.error is not None:
+            self._voice.fail("localise", probe.error)
+            self._unknown("the localiser failed (a guard_error event says why)")
+        elif probe.tainted:
+            self._made_in_forward(probe)
+        elif probe.origin is not None:
+            op, line = probe.origin
+            known = advice(op, probe.frames)  # a library function's known singular point
+            within = f" in {known[0]}" if known else ""
+            site = self.site or self._sites.site(None)
+            self._voice.emit(
+                f"the first non-finite gradient came out of {op}, the backward of line "
+                f"{short(line, site)}{within}; seen by the optimizer step",
+                action="nonfinite_origin",
+                callsite=site,
+                remedy=known[1] if known else ORIGIN_REMEDY,
+                op=op,
+                forward=line,
+                within=known[0] if known else None,
+            )
+        elif at_exit and not probe.recorded:
+            self._unknown("the run ended before another backward pass")
+        else:
+            self._unknown(
+                f"the next {probe.recorded} backward pass(es) had no non-finite gradient (a "
+                "one-off value: one bad batch or sample?)"
+            )
+
+    def _made_in_forward(self, probe: BackwardProbe) -> None:
+        """The forward pass held the value already: the op that made it, or why no op did."""
+        if probe.made is None or probe.made[0] == LEAF or probe.origin is None:
+            let = (
+                "observe let steps with non-finite gradients through, which may have made "
+                "them non-finite"
+                if self._voice.mode == "observe"
+                else "no checked step made them: fix skips every step with non-finite gradients"
+            )
+            self._unknown(
+                "the next backward pass ran on values that were already non-finite when they "
+                f"entered the forward pass (weights or inputs: {let}), so no op there made them"
+            )
+            return
+        (made, at), (op, line) = probe.made, probe.origin
+        dropped = ", and the loss left it out" if probe.loss_finite else ""
+        self._voice.emit(
+            f"the forward pass already held a non-finite value: {made} on line {at} made it"
+            f"{dropped}; the first non-finite gradient came out of {op}, the backward of the "
+            f"forward operation on line {line}, which used that value",
+            action="nonfinite_origin",
+            callsite=self.site or self._sites.site(None),
+            remedy=MADE_REMEDY,
+            op=op,
+            forward=line,
+            made=made,
+            made_at=at,
+        )
+
+    def _unknown(self, why: str) -> None:
+        find = FIND_IT if self._voice.mode != "fix" else "wrap the failing step in " + DETECT
+        self._voice.emit(
+            f"the op that made the non-finite gradient could not be found: {why}",
+            action="nonfinite_origin",
+            callsite=self.site or self._sites.site(None),
+            remedy=find,
+        )
