@@ -222,3 +222,46 @@ def _counting(original, name, reads):
         return original(self, *args, **kwargs)
 
     return counted
+
+
+def sqrtm_fit(skip_by_hand=False, steps=12):
+    """A matrix square root through ``eigh`` (the form of a library release whose fixed
+    release solves a Sylvester equation), at ``scale * I``: repeated eigenvalues at every
+    step, where eigh's backward divides by their differences (NaN). A head beside it."""
+    torch.manual_seed(0)
+    target = torch.randn(4, 4, dtype=torch.float64)
+    target = target @ target.T + torch.eye(4, dtype=torch.float64)
+    scale = torch.nn.Parameter(torch.ones(1, dtype=torch.float64))
+    head = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.float64))
+    optimizer = torch.optim.Adam([scale, head], lr=0.05)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        w, v = torch.linalg.eigh(scale * torch.eye(4, dtype=torch.float64))
+        root = v @ torch.diag_embed(w.clamp_min(0).sqrt()) @ v.transpose(-1, -2)
+        (root + head - target).pow(2).sum().backward()
+        grads = [p.grad for p in (scale, head)]
+        if skip_by_hand and not all(bool(torch.isfinite(g).all()) for g in grads):
+            continue
+        optimizer.step()
+    return [scale.detach().clone(), head.detach().clone()], optimizer.state_dict()["state"]
+
+
+def test_a_spectral_singular_point_is_never_repaired_and_says_why():
+    """0 is not the limit of eigh's gradient at repeated eigenvalues (issue 49): fix skips
+    those steps exactly as a hand-written skip does, never ``nonfinite_repaired``, and the
+    origin event says why repair does not begin (said only where repair is on)."""
+    by_hand = sqrtm_fit(skip_by_hand=True)
+    result, events = guarded(sqrtm_fit)
+    assert "nonfinite_repaired" not in actions(events)
+    [origin] = [e for e in events if e["action"] == "nonfinite_origin"]
+    assert origin["op"] == "LinalgEighBackward0"
+    assert (
+        "is not repaired" in origin["event"] and "0 is not the gradient's limit" in origin["event"]
+    )
+    assert "Sylvester" in origin["remedy"]
+    assert all(torch.equal(a, b) for a, b in zip(result[0], by_hand[0], strict=True))
+    assert result[1] == by_hand[1] == {}  # no step taken, as by hand
+    autograd_guard.uninstall()
+    _, skipping = guarded(sqrtm_fit, SKIP)  # no repair to decline: nothing said of one
+    [origin] = [e for e in skipping if e["action"] == "nonfinite_origin"]
+    assert "is not repaired" not in origin["event"]

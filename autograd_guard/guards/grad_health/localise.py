@@ -22,7 +22,7 @@ from autograd_guard.guards.grad_health.findings import (
     ORIGIN_REMEDY,
     short,
 )
-from autograd_guard.guards.grad_health.made import LEAF
+from autograd_guard.guards.grad_health.made import LEAF, SPECTRAL, SPECTRAL_REMEDY, declined_words
 from autograd_guard.guards.grad_health.probe import BackwardProbe
 
 TYPE_CHECKING = False
@@ -123,13 +123,17 @@ class Localiser:
             op, line = probe.origin
             known = advice(op, probe.frames)  # a library function's known singular point
             within = f" in {known[0]}" if known else ""
+            remedy, declined = known[1] if known else ORIGIN_REMEDY, ""
+            if probe.declined is not None and probe.confirm:  # where fix would repair
+                declined = f". {declined_words(probe.declined)}"
+                remedy = SPECTRAL_REMEDY if probe.declined in SPECTRAL and not known else remedy
             site = self.site or self._sites.site(None)
             self._voice.emit(
                 f"the first non-finite gradient came out of {op}, the backward of line "
-                f"{short(line, site)}{within}; seen by the optimizer step",
+                f"{short(line, site)}{within}; seen by the optimizer step{declined}",
                 action="nonfinite_origin",
                 callsite=site,
-                remedy=known[1] if known else ORIGIN_REMEDY,
+                remedy=remedy,
                 op=op,
                 forward=line,
                 within=known[0] if known else None,

@@ -119,6 +119,39 @@ LOCAL = frozenset(
     for n in (0, 1)
 )  # fmt: skip
 PRODUCTS = frozenset(("BmmBackward0", "MmBackward0"))
+# Spectral decompositions: at repeated eigen- or singular values their backward divides by
+# the values' differences, and 0 is not the gradient's limit there (a matrix square root's
+# true gradient solves a Sylvester equation): never mended, wherever the values came from.
+SPECTRAL = frozenset(
+    (
+        "LinalgEighBackward0",
+        "LinalgEigBackward0",
+        "LinalgSvdBackward0",
+        "SvdBackward0",
+        "SvdHelperBackward",
+        "SymeigBackward0",
+        "EigBackward0",
+    )
+)
+SPECTRAL_REMEDY = (
+    "give the decomposition a backward that holds at repeated values (a matrix square "
+    "root: solve the Sylvester equation, or use a Newton-Schulz iteration), or keep the "
+    "values apart (a small jitter on the diagonal, noise in the points)"
+)
+
+
+def declined_words(op: str) -> str:
+    """Why repair does not begin at ``op`` (a node the localiser found, not mendable)."""
+    if op in SPECTRAL:
+        return (
+            f"{op} is not repaired: at repeated eigenvalues or singular values its backward "
+            "divides by their differences, and 0 is not the gradient's limit there (fix "
+            "skips such steps)"
+        )
+    return (
+        f"{op} is not repaired: its forward value was already non-finite and it sums over "
+        "it, so setting its output to 0 is not the limit (fix skips such steps)"
+    )
 
 
 def mendable(node: Any, tainted: bool, grad_inputs: Any, grad_outputs: Any) -> bool:

@@ -27,6 +27,7 @@ from autograd_guard.guards.grad_health.check import gradient_sum
 from autograd_guard.guards.grad_health.dist import local_gradient as shard_of
 from autograd_guard.guards.grad_health.made import (
     LEAF,
+    SPECTRAL,
     forward_maker,
     graph_nodes,
     in_transform,
@@ -66,6 +67,7 @@ class BackwardProbe:
         self.made: tuple[str, str] | None = None  # the forward op that made them, its line
         self.loss_finite = True  # the last pass's roots were finite
         self.mended = False  # the last pass's gradients were mended (the step is not clean)
+        self.declined: str | None = None  # a node found, with a finite loss, not mendable
         self.behind: list[Any] = []  # weak refs of the parameters behind those nodes
         self.recorded = self.stepped = 0
         self.armed = False
@@ -182,6 +184,8 @@ class BackwardProbe:
                 self.makers.update(node_key(node) for node, _, _ in makers)
                 self.behind = [weakref.ref(p) for p in leaves_below([n for n, _, _ in makers])]
             self.keys.append(node_key(makers[0][0]) if makers and repairable else None)
+            if makers and self.loss_finite and not repairable and self.declined is None:
+                self.declined = type(next(n for n, _, ok in makers if not ok)).__name__
             if not makers:
                 return
             found, tainted, _ = makers[0]
@@ -264,7 +268,8 @@ def _nonfinite_nodes(
         values = finite[index + outputs : index + len(flags)]
         saved[id(node)] = dict(zip(names, values, strict=True))
         if not all(finite[index : index + outputs]):
-            found.append((node, not all(values), local or all(values)))
+            mends = (local or all(values)) and type(node).__name__ not in SPECTRAL
+            found.append((node, not all(values), mends))
         index += len(flags)
     return found, saved
 
