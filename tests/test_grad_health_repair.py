@@ -123,6 +123,35 @@ def test_a_non_finite_loss_is_never_repaired():
     assert torch.equal(w.detach(), torch.full((4,), 1e30))
 
 
+def test_an_infeasible_ctc_sample_names_the_loss_not_the_weights():
+    """One infeasible sample (2 frames for 4 labels) makes CTC's loss inf at every step,
+    with finite weights and inputs (issue 49): the steps are skipped, the loss's op is
+    named, and the gradient's origin says the pass began at a non-finite loss, never that
+    the weights or inputs were non-finite."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 5)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, targets = torch.randn(6, 3, 8), torch.randint(1, 5, (3, 4))
+    autograd_guard.install({})
+    with capture_events() as events:
+        for _ in range(5):
+            optimizer.zero_grad()
+            logp = model(x).log_softmax(-1)
+            loss = torch.nn.functional.ctc_loss(
+                logp, targets, torch.tensor([6, 6, 2]), torch.tensor([4, 3, 4]), reduction="sum"
+            )
+            loss.backward()
+            optimizer.step()
+    assert not optimizer.state and "nonfinite_repaired" not in actions(events)
+    origins = [e for e in events if e["action"] == "nonfinite_origin"]
+    [of_loss] = [e for e in origins if e.get("of") == "loss"]
+    assert "ctc_loss" in of_loss["event"]
+    [of_gradient] = [e for e in origins if e.get("of") != "loss"]
+    assert "began at a non-finite loss" in of_gradient["event"]
+    assert "weights or inputs" not in of_gradient["event"]
+    assert "zero_infinity" in of_gradient["remedy"]
+
+
 def test_a_non_finite_forward_value_the_loss_uses_is_never_repaired():
     w = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.SGD([w], lr=0.1)

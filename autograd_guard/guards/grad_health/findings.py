@@ -27,6 +27,12 @@ MADE_REMEDY = (
     "row needs a finite fill (or torch.where on the scores), log(x) a clamp(min=eps) or "
     "torch.where on a safe input, x / y a safe denominator"
 )
+LOSS_REMEDY = (
+    "find the op that made the loss non-finite (a nonfinite_loss event names it where the "
+    "loss is one value passed to backward()); keep the loss finite: a loss's own option "
+    "for infeasible samples (CTC's zero_infinity=True), the bad sample dropped, a clamp on "
+    "a log's input, a safe denominator"
+)
 STALL_REMEDY = (
     "stop the run and fix the op that makes the non-finite value, or resume from a "
     "checkpoint: a step with non-finite gradients does not train"

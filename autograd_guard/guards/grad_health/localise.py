@@ -17,6 +17,7 @@ from autograd_guard.guards.grad_health.advice import advice
 from autograd_guard.guards.grad_health.findings import (
     DETECT,
     FIND_IT,
+    LOSS_REMEDY,
     MADE_REMEDY,
     MAKE_SAFE,
     ORIGIN_REMEDY,
@@ -148,6 +149,16 @@ class Localiser:
 
     def _made_in_forward(self, probe: BackwardProbe) -> None:
         """The forward pass held the value already: the op that made it, or why no op did."""
+        if not probe.loss_finite and (probe.made is None or probe.made[0] != LEAF):
+            self._voice.emit(
+                "the op that made the non-finite gradient is no backward op: the next "
+                "backward pass began at a non-finite loss (NaN or inf), made in the forward "
+                "pass. A non-finite loss is never repaired (fix skips its steps)",
+                action="nonfinite_origin",
+                callsite=self.site or self._sites.site(None),
+                remedy=LOSS_REMEDY,
+            )
+            return
         if probe.made is None or probe.made[0] == LEAF or probe.origin is None:
             let = (
                 "observe let steps with non-finite gradients through, which may have made "
