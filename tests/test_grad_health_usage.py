@@ -493,3 +493,80 @@ def test_a_layer_never_called_stays_a_note_and_shutdown_prints_nothing(
     # the names follow on the event's indented lines (a terminal's second layer)
     details = [note, *itertools.takewhile(lambda line: line.startswith(" "), lines[at + 1 :])]
     assert any("weight, bias" in line for line in details), result.stderr
+
+
+class OdeFunc(torch.nn.Module):
+    """An adjoint ODE solver's function: constants that require grad kept as a plain
+    attribute and in a list, handed to the optimizer, used in every forward evaluation;
+    the solver hands gradients to registered parameters only (here: ``.detach()``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.k = torch.tensor(0.5, requires_grad=True)
+        self.extra = [torch.ones(2, requires_grad=True)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.k.detach() + self.extra[0].detach()
+
+
+def ode_fit(steps: int) -> tuple[OdeFunc, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    func = OdeFunc()
+    optimizer = torch.optim.Adam([*func.parameters(), func.k, *func.extra], lr=0.01)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        func(torch.randn(4, 2)).pow(2).mean().backward()
+        optimizer.step()
+    return func, optimizer
+
+
+def test_tensors_kept_as_module_attributes_are_named_where_they_live_and_lost():
+    """Tensors that require grad stored as attributes of a module that ran (issue 49) are
+    named by their attribute path and judged lost (their module ran), not "<unnamed>" of
+    no module; strict fails on them."""
+    policy = {"mode": "strict", "guards": {"grad_health": {"lost_steps": 3}}}
+    autograd_guard.install(policy)
+    with capture_events() as events, pytest.raises(autograd_guard.GuardError, match=r"k, extra\.0"):
+        ode_fit(6)
+    [lost] = [e for e in events if e["action"] == "lost_gradient"]
+    assert lost["parameters"] == ["k", "extra.0"] and lost["level"] == "error"
+    assert "though their modules ran in the forward pass" in lost["event"]
+
+
+ODE_GONE = """
+import torch
+
+class OdeFunc(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.k = torch.tensor(0.5, requires_grad=True)
+        self.extra = [torch.ones(2, requires_grad=True)]
+
+    def forward(self, x):
+        return self.lin(x) * self.k.detach() + self.extra[0].detach()
+
+def fit():
+    func = OdeFunc()
+    optimizer = torch.optim.Adam([*func.parameters(), func.k, *func.extra], lr=0.01)
+    for _ in range(6):
+        optimizer.zero_grad()
+        func(torch.randn(4, 2)).pow(2).mean().backward()
+        optimizer.step()
+
+fit()  # the optimizer and its model are freed before exit
+print("done")
+"""
+
+
+def test_module_attribute_tensors_of_an_optimizer_gone_before_exit_keep_their_names(
+    guard_python, tmp_path
+):
+    """The same, for a run shorter than ``lost_steps`` whose optimizer is freed before exit:
+    said at exit with the names kept while the modules lived (never "<a parameter of
+    shape ()>", "never watched"), and strict ends with status 3."""
+    result = run_python(guard_python, ODE_GONE, tmp_path, check=False, AUTOGRAD_GUARD="strict")
+    assert "done" in result.stdout and result.returncode == 3, result.stderr
+    assert "though their modules ran in the forward pass: k, extra.0" in result.stderr
+    assert "<a parameter of shape" not in result.stderr

@@ -16,6 +16,8 @@ from __future__ import annotations
 import sys
 import threading
 
+from autograd_guard.guards.grad_health.forward import attribute_tensors
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -277,9 +279,18 @@ def parameter_names(params: list[Any]) -> list[str]:
             and not issubclass(kind, generated)
             and not kind.__module__.startswith(_COMPILER_MODULES)
         ):
-            for name, param in obj.named_parameters():
+            for name, param in _named_tensors(obj):
                 name = name.replace("_orig_mod.", "")  # a torch.compile'd model's wrapper
                 # the outermost module gives the longest, most telling name
                 if id(param) in wanted and len(name) > len(names.get(id(param), "")):
                     names[id(param)] = name
     return [names.get(id(p), f"<unnamed {tuple(p.shape)}>") for p in params]
+
+
+def _named_tensors(module: Any) -> Any:
+    """``module``'s parameters by qualified name, then the tensors that require grad kept
+    as attributes of it or of its submodules (``func.k``: see ``forward``)."""
+    yield from module.named_parameters()
+    for prefix, sub in module.named_modules():
+        for name, tensor in attribute_tensors(sub):
+            yield (f"{prefix}.{name}" if prefix else name), tensor

@@ -32,6 +32,9 @@ class ForwardWatch:
     def _called(self, module: Any, args: Any) -> None:
         self.calls += 1
         self.seen.update(map(id, module._parameters.values()))
+        # tensors that require grad kept as plain attributes (an ODE function's constants
+        # handed to the optimizer), or in a list, tuple or dict attribute
+        self.seen.update(id(t) for _, t in attribute_tensors(module))
         if self.calls >= WATCH_CALLS:
             self.close()
 
@@ -39,3 +42,24 @@ class ForwardWatch:
         if self.handle is not None:
             self.handle.remove()
             self.handle = None
+
+
+def attribute_tensors(module: Any) -> list[tuple[str, Any]]:
+    """``module``'s own tensors that require grad and are not its parameters: plain
+    attributes (``k``) and the items of list, tuple and dict attributes (``extra.0``)."""
+    tensor = sys.modules["torch"].Tensor
+    found = []
+    for name, value in vars(module).items():
+        if isinstance(value, dict) and name.startswith("_"):
+            continue  # torch's registries (parameters, buffers, submodules, hooks)
+        items = (
+            value.items()
+            if isinstance(value, dict)
+            else enumerate(value)
+            if isinstance(value, (list, tuple))
+            else (("", value),)
+        )
+        for key, item in items:
+            if isinstance(item, tensor) and item.requires_grad and item.is_leaf:
+                found.append((f"{name}.{key}" if key != "" else name, item))
+    return found

@@ -38,6 +38,7 @@ class Record:
         "live",
         "live_until",
         "lost_shapes",
+        "names",
         "no_loss",
         "pending",
         "probed",
@@ -51,7 +52,6 @@ class Record:
         "suspect",
         "trained",
         "unknown_shapes",
-        "unused",
         "unused_shapes",
         "waiting",
         "watch",
@@ -67,12 +67,13 @@ class Record:
         self.trained = False  # some parameter got a gradient
         self.in_a_row = 0  # non-finite steps in a row
         self.skipped = 0  # steps skipped (fix)
-        self.lost_shapes: list[tuple[int, ...]] = []  # never trained, once retired
-        self.unknown_shapes: list[tuple[int, ...]] = []  # the same, never watched
-        # names of waiting parameters whose module never ran, taken when a watch is read
-        # (their modules may be gone before the optimizer); once retired, (name, shape)
-        self.unused: dict[int, str] = {}
+        # names of waiting parameters, taken when a watch is read (their modules may be
+        # gone before the optimizer); once retired, (name, shape) of those never trained:
+        # whose module ran (lost), never ran (unused), or never watched (unknown: shapes)
+        self.names: dict[int, str] = {}
+        self.lost_shapes: list[tuple[str, tuple[int, ...]]] = []
         self.unused_shapes: list[tuple[str, tuple[int, ...]]] = []
+        self.unknown_shapes: list[tuple[int, ...]] = []
         self.watch: ForwardWatch | None = None  # the modules called in one step's forward
         self.ran: set[int] | None = None  # ids of parameters whose module ran, once watched
         self.forward = False  # some module ran while watched
@@ -153,14 +154,19 @@ class Record:
         if ran is None:
             self.unknown_shapes = [tuple(p.shape) for p in never]
         else:
-            self.lost_shapes = [tuple(p.shape) for p in never if id(p) in ran]
+            names = self.names
+            self.lost_shapes = [
+                (names.get(id(p), f"<a parameter of shape {tuple(p.shape)}>"), tuple(p.shape))
+                for p in never
+                if id(p) in ran
+            ]
             quiet = [p for p in never if id(p) not in ran]
             self.unused_shapes = [
-                (self.unused[id(p)], tuple(p.shape)) for p in quiet if id(p) in self.unused
+                (names[id(p)], tuple(p.shape)) for p in quiet if id(p) in names
             ]  # outside any module: unknown, as usage.sort() says
-            self.unknown_shapes = [tuple(p.shape) for p in quiet if id(p) not in self.unused]
+            self.unknown_shapes = [tuple(p.shape) for p in quiet if id(p) not in names]
         self.gone = True
-        self.waiting, self.unused = {}, {}
+        self.waiting, self.names = {}, {}
         self.pending.clear()
         self.sharing = None
 

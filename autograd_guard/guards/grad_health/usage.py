@@ -63,18 +63,18 @@ UNKNOWN = "belongs to no module, so whether it was used in the forward pass cann
 def read(record: Record, params: list[Any], new_params: bool) -> None:
     """Before a step's lost-gradient count: a watch that saw a step's forward passes (or
     whose parameters changed) is read and closed; parameters added are watched anew. The
-    names of those still waiting whose module never ran are kept (one scan of live
-    modules, where there are any): an optimizer freed after its model says them at exit."""
+    names of those still waiting are kept (one scan of live modules, where there are any):
+    an optimizer freed after its model says them at exit."""
     watch = record.watch
     if watch is not None and (record.step > watch.step or new_params):
         watch.close()
         record.watch = None
         record.ran, record.forward = watch.seen, bool(watch.calls)
         record.empty_judged = any(id(p) in watch.seen for p in params if p.requires_grad)
-        quiet = [p for p, _ in record.waiting.values() if id(p) not in watch.seen]
-        names = parameter_names(quiet) if quiet else []  # for after their modules are gone
-        record.unused = {
-            id(p): name for p, name in zip(quiet, names, strict=True) if not name.startswith("<")
+        waiting = [p for p, _ in record.waiting.values()]
+        names = parameter_names(waiting) if waiting else []  # for after their modules are gone
+        record.names = {
+            id(p): name for p, name in zip(waiting, names, strict=True) if not name.startswith("<")
         }
     if new_params:
         record.ran = None
@@ -253,10 +253,14 @@ class Usage:
             self._report_lost(None, record, lost, steps=record.step, site=record.site or "-")
         elif record.gone:
             site, gone = record.site or "-", f" of a {record.kind} gone before exit"
-            for shapes, known in ((record.unknown_shapes, False), (record.lost_shapes, True)):
-                if shapes:
-                    names = [f"<a parameter of shape {shape}>" for shape in shapes]
-                    self._lost_event(None, site, names, None, record.step, known, gone, shapes)
+            if record.unknown_shapes:
+                shapes = record.unknown_shapes
+                names = [f"<a parameter of shape {shape}>" for shape in shapes]
+                self._lost_event(None, site, names, None, record.step, False, gone, shapes)
+            if record.lost_shapes:
+                names = [name for name, _ in record.lost_shapes]
+                shapes = [shape for _, shape in record.lost_shapes]
+                self._lost_event(None, site, names, None, record.step, True, gone, shapes)
             if record.unused_shapes:
                 names = [name for name, _ in record.unused_shapes]
                 shapes = [shape for _, shape in record.unused_shapes]
