@@ -132,3 +132,11 @@ def test_a_correct_backward_on_a_large_gradient_is_silent(gradient, audit):
     Zeroes.change = staticmethod(lambda g: None)
     x = torch.randn(1024, 1024, requires_grad=True)
     assert named(lambda: gradient(Zeroes.apply(x)).backward(), audit) == []
+
+
+@pytest.mark.parametrize("size", [100, 1 << 20])
+def test_a_gradient_on_the_meta_device_is_left_alone(size):
+    """No values to compare: nothing kept, no guard error (the check stands aside)."""
+    Zeroes.change = staticmethod(lambda g: None)
+    x = torch.randn(size, device="meta", requires_grad=True)
+    assert named(lambda: Zeroes.apply(x).sum().backward(), "off") == []

@@ -66,7 +66,8 @@ def watch(
 
     def before(grad_outputs: tuple[Any, ...]) -> None:
         try:
-            kept[:] = [_keep(g, copied) if g is not None else None for g in grad_outputs]
+            # a meta tensor has no values to compare
+            kept[:] = [_keep(g, copied) if _valued(g) else None for g in grad_outputs]
         except Exception as exc:
             kept.clear()
             failed(exc)
@@ -90,11 +91,17 @@ def watch(
     return True
 
 
+def _valued(tensor: Any) -> bool:
+    return tensor is not None and not tensor.is_meta
+
+
 def _keep(tensor: Any, copied: int | None) -> tuple[Any, int, Any, Any]:
     """(the tensor, its version, a copy or None, its fingerprint or None): a copy where
-    ``copied`` is None or the tensor small (or not a plain real tensor)."""
+    ``copied`` is None or the tensor small, or not a plain real tensor on the CPU or a
+    CUDA device (MPS has no float64)."""
     torch = sys.modules["torch"]
     plain = tensor.layout == torch.strided and tensor.is_floating_point()
+    plain = plain and tensor.device.type in ("cpu", "cuda")
     if copied is None or tensor.numel() <= copied or not plain or type(tensor) is not torch.Tensor:
         return tensor, tensor._version, tensor.detach().clone(), None
     return tensor, tensor._version, None, fingerprint(tensor)
