@@ -37,6 +37,10 @@ PACKAGES: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
     # Pure Python, torch only.
     "roma-1.2.1": (["roma==1.2.1"], {}, []),
     "roma-1.3.0": (["roma==1.3.0"], {}, []),
+    # RoMa's newest release: its procrustes is a torch.autograd.Function with a
+    # hand-written SVD backward (setup_context, custom_fwd, a vmap rule): grad_audit's
+    # clean corpus of real differentiable geometry.
+    "roma-1.6.0": (["roma==1.6.0"], {}, []),
     # PyTorch3D's real Python code without its compiled extension.
     "pytorch3d": (
         ["easypytorch3d==0.7.9.post1"],

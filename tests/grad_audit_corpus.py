@@ -320,11 +320,14 @@ def checkpointed(reentrant: bool, returns: str):
 
         def segment(v):
             out = torch.tanh(lin(v))
-            return {"tensor": out, "tuple": (out, out * 2), "list": [out]}[returns]
+            aux = out.pow(2).mean()  # an auxiliary loss (an MoE router's balance loss)
+            shapes = {"tensor": out, "tuple": (out, out * 2), "list": [out]}
+            return {**shapes, "aux_tuple": (out, aux), "aux_list": (out, [aux])}[returns]
 
         out = checkpoint(segment, x, use_reentrant=reentrant)
         first = out if returns == "tensor" else out[0]
-        return _grads(((first + x) ** 2).sum(), x, lin.weight)
+        aux = out[1] if returns == "aux_tuple" else out[1][0] if returns == "aux_list" else 0
+        return _grads(((first + x) ** 2).sum() + aux, x, lin.weight)
 
     return case
 
@@ -357,6 +360,8 @@ CLEAN = {
     "checkpoint_reentrant": checkpointed(True, "tensor"),
     "checkpoint_reentrant_tuple": checkpointed(True, "tuple"),
     "checkpoint_list": checkpointed(False, "list"),
+    "checkpoint_reentrant_aux_tuple": checkpointed(True, "aux_tuple"),
+    "checkpoint_aux_list": checkpointed(False, "aux_list"),
     "shared_buffer_one_call": lambda seed: tanh(seed, SharedBuffer),
 }
 # name: (case, the action it is named by)
@@ -364,5 +369,7 @@ BUGS = {
     "wrong_sign": (lambda seed: tanh(seed, WrongSign), "wrong_gradient"),
     "zeroes_grad_output": (residual_zeroed, "grad_output_modified"),
     "checkpoint_reentrant_list": (checkpointed(True, "list"), "cut_gradient"),
+    # the segment's tensor is tracked, the aux loss beside it in a list is not
+    "checkpoint_reentrant_aux_list": (checkpointed(True, "aux_list"), "cut_gradient"),
     "shared_buffer": (two_layers_sharing_a_buffer, "wrong_gradient"),
 }

@@ -132,17 +132,30 @@ def test_the_wrong_sign_event_names_the_function_the_input_and_the_error():
     assert "gradcheck" in event["remedy"]
 
 
+def line_of(text):
+    lines = Path(corpus.__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
 def test_the_cut_names_the_user_s_call_of_checkpoint():
     case = corpus.BUGS["checkpoint_reentrant_list"][0]
     _, [event] = run(case, policy={"mode": "observe"})
-    line = next(
-        i
-        for i, text in enumerate(Path(corpus.__file__).read_text().splitlines(), 1)
-        if "out = checkpoint(segment" in text
-    )
-    assert event["callsite"] == f"{corpus.__file__}:{line}"
+    assert event["callsite"] == f"{corpus.__file__}:{line_of('out = checkpoint(segment')}"
     assert event["function"] == "torch.utils.checkpoint.CheckpointFunction"
     assert "inside a list" in event["event"] and "use_reentrant=False" in event["remedy"]
+
+
+def test_an_aux_loss_in_a_list_beside_a_tracked_output_is_named_and_its_gradient_lost():
+    """A reviewer's MoE block under reentrant checkpoint: ``return h, [aux_loss]``. The
+    bug is real (the weights get only h's share unguarded), and the call is named."""
+    case = corpus.BUGS["checkpoint_reentrant_aux_list"][0]
+    right, _ = run(corpus.CLEAN["checkpoint_reentrant_aux_tuple"])
+    wrong, [event] = run(case, policy={"mode": "observe"})
+    assert not torch.allclose(right[1], wrong[1])  # lin.weight
+    assert event["action"] == "cut_gradient"
+    assert event["function"] == "torch.utils.checkpoint.CheckpointFunction"
+    assert "1 tensor inside a list beside the outputs torch tracks" in event["event"]
+    assert event["callsite"] == f"{corpus.__file__}:{line_of('out = checkpoint(segment')}"
 
 
 def test_the_residual_beside_a_backward_that_zeroes_its_incoming_gradient_is_wrong():

@@ -168,3 +168,20 @@ def test_on_the_fixed_release_and_where_warp_copy_adjoint_fixes_it_the_audit_is_
     mended = audit(AFFECTED, {"mode": "fix"}, tmp_path, warp_cache)
     assert mended["copy"] == right["copy"]  # warp_copy_adjoint's remedy: a right gradient
     assert [e["action"] for e in found(mended)] == ["grad_output_modified"]  # interop only
+
+
+# 2**17 elements: above the size the in-place check copies; not audited (nothing else
+# holds a copy), so the gradient is fingerprinted before Warp's adjoint writes into it
+LARGE = (
+    SCRIPT.replace("torch.randn(8, ", "torch.randn(1 << 17, ")
+    .replace('("interop_right", "interop_inplace", "copy")', '("interop_right", "interop_inplace")')
+    .replace('{"p": p.grad.tolist(), "q": q.grad.tolist()}', '{"p": p.grad[:8].tolist()}')
+)
+
+
+def test_a_large_incoming_gradient_zeroed_through_warp_s_pointer_is_named(tmp_path, warp_cache):
+    policy = {"mode": "observe", "guards": {"grad_audit": {"audit": "off"}}}
+    result = run(NEWEST, policy, tmp_path, warp_cache, script=LARGE)
+    [event] = found(result)
+    assert event["action"] == "grad_output_modified" and event["function"] == "__main__.Mul"
+    assert event["callsite"] == line_of("loss = ((p + Mul.apply(p, q)) ** 2).sum()")

@@ -125,8 +125,8 @@ class GradAudit(Calls, Guard):
             self._named.add(key)
         self.report(site, action, event, remedy=remedy, function=op, always=first)
 
-    def _cut(self, op: str, site: str, count: int, kind: str) -> None:
-        event = _structure.cut_event(op, count, kind)
+    def _cut(self, op: str, site: str, count: int, kind: str, beside: bool) -> None:
+        event = _structure.cut_event(op, count, kind, beside)
         self._name(site, "cut_gradient", event, _structure.CUT_REMEDY, op)
 
     def _watch(self, op: str, site: str, node: Any, audit: Audit | None) -> None:

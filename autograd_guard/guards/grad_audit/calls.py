@@ -43,7 +43,7 @@ class Calls:
     _hook: ApplyHook
     fail: Callable[[str, BaseException], None]
     site_of: Callable[[type], str]
-    _cut: Callable[[str, str, int, str], None]
+    _cut: Callable[[str, str, int, str, bool], None]
     _watch: Callable[[str, str, Any, Audit | None], None]
 
     def _init_calls(self) -> None:
@@ -137,11 +137,11 @@ class Calls:
 
     def _after(self, cls: type, output: Any, rerun: Rerun | None) -> None:
         op = f"{cls.__module__}.{cls.__qualname__}"
-        cut = _structure.cut_outputs(output)
+        cut, beside, kind = _structure.cut_outputs(output)
         if cut:
-            kind = "tuple of containers" if isinstance(output, tuple) else type(output).__name__
-            self._cut(op, self.site_of(cls), cut, kind)
-            return
+            self._cut(op, self.site_of(cls), cut, kind, beside)
+            if not beside:
+                return
         node = node_of(cls, output)
         if node is None:
             return

@@ -8,7 +8,11 @@ function under ``no_grad``; any forward runs with grad off), it has no ``grad_fn
 caller trains on it and the gradient of everything upstream of the call is silently cut.
 Seen with reentrant checkpointing of a function that returns a list (a wave-propagation
 library's checkpointed time segments: their share of the gradient was dropped, the fit
-diverged). Exact and cheap: one walk of the output, at the first calls of each class.
+diverged); named too where such tensors sit beside tracked outputs (``return h,
+[aux_loss]``: the auxiliary loss's gradient is dropped, the rest trains). A tensor
+returned in a list only to be logged is named as well: nothing at the call tells it from
+a loss (return it in the tuple). Exact and cheap: one walk of the output, at the first
+calls of each class.
 """
 
 from __future__ import annotations
@@ -30,24 +34,36 @@ def inputs_requiring_grad(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list
     return found + [v for v in kwargs.values() if isinstance(v, torch.Tensor) and v.requires_grad]
 
 
-def cut_outputs(output: Any) -> int:
-    """How many floating-point tensors the output holds inside containers torch does not
-    track, none of them requiring grad, where no tensor of the output requires grad (0:
-    a gradient path, or nothing a gradient could flow through). Only a call with inputs
+def cut_outputs(output: Any) -> tuple[int, bool, str]:
+    """(how many floating-point tensors the output holds inside containers torch does not
+    track, none of them requiring grad; whether they are beside outputs that carry a
+    gradient path; the kind of container they are in). 0: none, or a nested tensor
+    requires grad (the forward built a graph of its own). Beside tracked outputs (a
+    reentrant checkpoint's ``return h, [aux_loss]``): what a loss takes from them gets no
+    gradient back through the call, as when nothing is tracked. Only a call with inputs
     requiring grad, under grad mode, is asked."""
     torch = sys.modules["torch"]
     if isinstance(output, torch.Tensor):
-        return 0
+        return 0, False, ""
     top = output if isinstance(output, tuple) else (output,)
-    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in top):
-        return 0
+    tracked = any(isinstance(t, torch.Tensor) and t.requires_grad for t in top)
     nested: list[Any] = []
+    kinds: list[str] = []
     for item in top:
         if not isinstance(item, torch.Tensor):
+            before = len(nested)
             _collect(torch, item, nested, DEPTH)
+            if any(t.is_floating_point() or t.is_complex() for t in nested[before:]):
+                kinds.append(type(item).__name__)
     if any(t.requires_grad for t in nested):
-        return 0
-    return sum(1 for t in nested if t.is_floating_point() or t.is_complex())
+        return 0, tracked, ""
+    count = sum(1 for t in nested if t.is_floating_point() or t.is_complex())
+    if not tracked and isinstance(output, tuple):
+        return count, False, "tuple of containers"
+    if not tracked:
+        return count, False, type(output).__name__
+    kind = kinds[0] if len(set(kinds)) == 1 else "container"
+    return count, True, "tuple inside the tuple" if kind == "tuple" else kind
 
 
 def _collect(torch: Any, value: Any, found: list[Any], depth: int) -> None:
@@ -63,8 +79,15 @@ def _collect(torch: Any, value: Any, found: list[Any], depth: int) -> None:
             _collect(torch, item, found, depth - 1)
 
 
-def cut_event(op: str, count: int, kind: str) -> str:
+def cut_event(op: str, count: int, kind: str, beside: bool) -> str:
     tensors = f"{count} tensor{'s' if count != 1 else ''}"
+    if beside:
+        return (
+            f"{op} was called with inputs that require grad and returned {tensors} inside "
+            f"a {kind} beside the outputs torch tracks: torch does not track a {kind}'s "
+            "tensors and none requires grad, so a loss that uses them (an auxiliary loss) "
+            "gets no gradient back through this call: that part of training silently stops"
+        )
     return (
         f"{op} was called with inputs that require grad, but returned its {tensors} inside "
         f"a {kind}, which torch does not track: none requires grad, so no gradient flows "
