@@ -81,3 +81,12 @@ def test_a_finite_loss_says_nothing():
             optimizer.step()
     assert events == []
     assert torch.Tensor.backward.__module__ == "torch._tensor"  # put back at uninstall
+
+
+def test_a_loss_on_the_meta_device_says_nothing():
+    """A meta loss holds no value (a model's shapes traced on ``meta``): nothing is read,
+    no guard_error."""
+    w = torch.nn.Parameter(torch.ones(3, device="meta"))
+    with guarded({"mode": "fix"}), capture_events() as events:
+        (w * 2).sum().backward()
+    assert events == []

@@ -99,7 +99,12 @@ class LossCheck:
         The call site whose loss was non-finite, for the next forward pass."""
         try:
             torch, finite = sys.modules["torch"], None
-            if type(loss) is torch.Tensor and loss.numel() == 1 and loss.is_floating_point():
+            if (
+                type(loss) is torch.Tensor
+                and loss.numel() == 1
+                and loss.is_floating_point()
+                and not loss.is_meta  # no values to read
+            ):
                 if loss.device.type == "cpu":
                     finite = math.isfinite(loss.item()) or _scaled(loss)
                 elif not _scaled(loss):  # read once it has arrived, at a later call
