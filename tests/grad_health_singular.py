@@ -9,6 +9,10 @@ Each returns (final loss, the solution) after ``steps`` optimizer steps.
 - ``masked_attention``: softmax over a query row that the padding mask masks fully: the
   row is NaN in the forward pass, the loss leaves it out, every gradient is NaN. The
   documented fix fills with a large finite negative instead of ``-inf``.
+- ``module_attention``: the same shape through torch's own ``nn.MultiheadAttention``
+  (``need_weights=True``, its default: softmax, then the attention's and ``out_proj``'s
+  matrix products over the NaN row); a padded query whose sliding window holds only padded
+  keys. The manual fix: masks filled with -1e9.
 - ``soft_distance``: a soft distance transform of a sparse grid: ``log`` of a kernel sum
   that underflows to exactly 0 far from every occupied cell, then clamped: ``log(0)``'s
   backward is 0/0. The documented fix: ``torch.where`` on a safe input (the double where).
@@ -76,6 +80,38 @@ def masked_attention(
         loss.backward()
         optimizer.step()
     return loss.item(), torch.cat([p.detach().flatten() for p in q.parameters()]).cpu()
+
+
+def module_attention(
+    fixed: bool = False, steps: int = 150, batch_first: bool = False
+) -> tuple[float, torch.Tensor]:
+    torch.manual_seed(0)
+    length, batch, width = 6, 2, 8
+    attention, head = (
+        torch.nn.MultiheadAttention(width, 2, batch_first=batch_first),
+        torch.nn.Linear(width, 1),
+    )
+    params = [*attention.parameters(), *head.parameters()]
+    optimizer = torch.optim.Adam(params, lr=0.01)
+    x, target = torch.randn(length, batch, width), torch.randn(length, batch, 1)
+    pad = torch.zeros(batch, length, dtype=torch.bool)
+    pad[:, 4:] = True  # the last two keys are padding
+    window = torch.ones(length, length, dtype=torch.bool)
+    for i in range(length):
+        window[i, max(0, i - 1) : i + 1] = False  # a sliding window of two: query 5 sees 4, 5
+    if fixed:
+        pad, window = pad.float() * -1e9, window.float() * -1e9
+    valid = (torch.arange(length) < 4).view(length, 1, 1)  # padded queries left out
+    if batch_first:
+        x, target, valid = (t.transpose(0, 1) for t in (x, target, valid))
+    for _ in range(steps):
+        optimizer.zero_grad()
+        out, _ = attention(x, x, x, key_padding_mask=pad, attn_mask=window)
+        y = head(out)
+        loss = torch.where(valid, y - target, torch.zeros_like(y)).pow(2).sum()
+        loss.backward()
+        optimizer.step()
+    return loss.item(), attention.in_proj_weight.detach().flatten().clone()
 
 
 def soft_distance(

@@ -106,6 +106,21 @@ def test_a_one_off_nan_is_a_plain_skip():
     assert "one-off" in events[1]["event"]
 
 
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_torch_multihead_attention_is_repaired_like_the_finite_fill(batch_first):
+    """torch's own nn.MultiheadAttention (issue 49): a fully masked query row is NaN in the
+    forward pass, the loss leaves it out; the NaN reaches the weights through its matrix
+    products (softmax's row, the attention's bmm, out_proj's and the head's addmm). Fix
+    repairs it there and the run ends like the manual fix (-1e9 fills); unguarded, NaN."""
+    reference = singular.module_attention(fixed=True, batch_first=batch_first)
+    plain = singular.module_attention(batch_first=batch_first)
+    assert plain[0] != plain[0]  # NaN: the bug, unguarded
+    result, events = guarded(singular.module_attention, batch_first=batch_first)
+    assert "nonfinite_repaired" in actions(events)
+    assert result[0] < 1e-3 and reference[0] < 1e-3  # both fit the valid positions
+    assert (result[1] - reference[1]).abs().max() < 1e-3  # 1.1e-4 measured
+
+
 def test_a_non_finite_loss_is_never_repaired():
     """A divergence: the learning rate sends the loss to inf; every step stays a skip and
     the stall is said."""

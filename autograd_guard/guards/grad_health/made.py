@@ -118,7 +118,13 @@ LOCAL = frozenset(
     )
     for n in (0, 1)
 )  # fmt: skip
-PRODUCTS = frozenset(("BmmBackward0", "MmBackward0"))
+# matrix products: the saved operands' names and where their gradients begin (addmm's
+# first is its bias's, nn.Linear on a batch of rows)
+PRODUCTS = {
+    "BmmBackward0": ("_saved_self", "_saved_mat2", 0),
+    "MmBackward0": ("_saved_self", "_saved_mat2", 0),
+    "AddmmBackward0": ("_saved_mat1", "_saved_mat2", 1),
+}
 # Spectral decompositions: at repeated eigen- or singular values their backward divides by
 # the values' differences, and 0 is not the gradient's limit there (a matrix square root's
 # true gradient solves a Sylvester equation): never mended, wherever the values came from.
@@ -168,8 +174,9 @@ def mendable(node: Any, tainted: bool, grad_inputs: Any, grad_outputs: Any) -> b
 
 def mend_node(torch: Any, node: Any, grad_inputs: Any, grad_outputs: Any, gate: Any) -> Any:
     """``node``'s outputs mended (a tuple), and the flags of what changed (on the device)."""
-    if type(node).__name__ in PRODUCTS and len(grad_inputs) == 2 and grad_outputs[0] is not None:
-        grad_inputs = _product(torch, node, grad_inputs, grad_outputs[0], gate)
+    product = PRODUCTS.get(type(node).__name__)
+    if product is not None and len(grad_inputs) == product[2] + 2 and grad_outputs[0] is not None:
+        grad_inputs = _product(torch, node, product, grad_inputs, grad_outputs[0], gate)
     out, flags = [], []
     for grad in grad_inputs:
         grad, changed = mended(torch, grad, gate)
@@ -179,20 +186,26 @@ def mend_node(torch: Any, node: Any, grad_inputs: Any, grad_outputs: Any, gate: 
     return tuple(out), flags
 
 
-def _product(torch: Any, node: Any, grads: Any, grad: Any, gate: Any) -> list[Any]:
+def _product(
+    torch: Any, node: Any, product: tuple[str, str, int], grads: Any, grad: Any, gate: Any
+) -> list[Any]:
     """A matrix product's gradients with its saved non-finite operands as 0 (where the
     loss is finite and they are not: a NaN row times a zero gradient row)."""
-    a, b = (_zeroed(torch, getattr(node, name, None)) for name in ("_saved_self", "_saved_mat2"))
+    first, second, at = product
+    a, b = (_zeroed(torch, getattr(node, name, None)) for name in (first, second))
+    alpha = getattr(node, "_saved_alpha", 1)
+    if alpha != 1:
+        grad = grad * alpha
     found = list(grads)
-    if grads[0] is not None and b is not None:
-        found[0] = (
-            torch.where(gate, grad @ b.transpose(-1, -2), grads[0])
+    if grads[at] is not None and b is not None:
+        found[at] = (
+            torch.where(gate, grad @ b.transpose(-1, -2), grads[at])
             if gate is not None
             else grad @ b.transpose(-1, -2)
         )
-    if grads[1] is not None and a is not None:
-        found[1] = (
-            torch.where(gate, a.transpose(-1, -2) @ grad, grads[1])
+    if grads[at + 1] is not None and a is not None:
+        found[at + 1] = (
+            torch.where(gate, a.transpose(-1, -2) @ grad, grads[at + 1])
             if gate is not None
             else a.transpose(-1, -2) @ grad
         )
