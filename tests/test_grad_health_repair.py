@@ -309,3 +309,29 @@ def test_a_spectral_singular_point_is_never_repaired_and_says_why():
     _, skipping = guarded(sqrtm_fit, SKIP)  # no repair to decline: nothing said of one
     [origin] = [e for e in skipping if e["action"] == "nonfinite_origin"]
     assert "is not repaired" not in origin["event"]
+
+
+def test_repair_that_cannot_begin_says_why_once():
+    """A pointwise convolution over a position whose forward value is NaN (made by ``log``
+    in a branch ``torch.where`` drops) that the loss leaves out: the convolution's weight
+    gradient sums over it, a kind repair cannot mend (issue 49). The steps are skipped;
+    the one nonfinite_origin says the node is not repaired and why, and never blames
+    weights or inputs that were finite."""
+    torch.manual_seed(0)
+    conv, scale = torch.nn.Conv1d(2, 2, 1), torch.nn.Parameter(torch.ones(1))
+    optimizer = torch.optim.Adam([*conv.parameters(), scale], lr=0.01)
+    x = torch.randn(1, 2, 8)
+    valid = torch.ones(1, 2, 8, dtype=torch.bool)
+    valid[..., 7] = False
+    autograd_guard.install({})
+    with capture_events() as events:
+        for _ in range(6):
+            optimizer.zero_grad()
+            h = torch.where(valid, x * scale, torch.log(x * scale - 100))
+            y = conv(h)
+            torch.where(valid, y, torch.zeros_like(y)).pow(2).sum().backward()
+            optimizer.step()
+    assert "nonfinite_repaired" not in actions(events) and not optimizer.state
+    [origin] = [e for e in events if e["action"] == "nonfinite_origin"]
+    assert "ConvolutionBackward0 is not repaired" in origin["event"]
+    assert "weights or inputs" not in origin["event"]

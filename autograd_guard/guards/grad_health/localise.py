@@ -159,6 +159,16 @@ class Localiser:
                 remedy=LOSS_REMEDY,
             )
             return
+        declined = ""
+        if probe.declined is not None and probe.confirm:  # where fix would repair
+            declined = f". {declined_words(probe.declined)}"
+        if probe.made is None and probe.origin is not None:  # the weights came in finite
+            self._unknown(
+                f"the next backward pass ran on a forward value that was already non-finite "
+                f"when {probe.origin[0]} used it: made by an op the localiser could not name, "
+                f"or held by an input that does not require grad{declined}"
+            )
+            return
         if probe.made is None or probe.made[0] == LEAF or probe.origin is None:
             let = (
                 "observe let steps with non-finite gradients through, which may have made "
@@ -176,7 +186,7 @@ class Localiser:
         self._voice.emit(
             f"the forward pass already held a non-finite value: {made} on line {at} made it"
             f"{dropped}; the first non-finite gradient came out of {op}, the backward of the "
-            f"forward operation on line {line}, which used that value",
+            f"forward operation on line {line}, which used that value{declined}",
             action="nonfinite_origin",
             callsite=self.site or self._sites.site(None),
             remedy=MADE_REMEDY,
