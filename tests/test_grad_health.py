@@ -147,9 +147,7 @@ def test_strict_skips_names_the_op_then_raises_before_the_weights_change():
         torch.sqrt((w * 0).pow(2).sum()).backward()
         optimizer.step()  # skipped, said at once
         assert [e["action"] for e in events] == ["nonfinite_gradient"]
-        assert (
-            "optimizer's next step raises" in events[0]["event"] and events[0]["level"] == "error"
-        )
+        assert "the next step raises" in events[0]["event"] and events[0]["level"] == "error"
         optimizer.zero_grad()
         torch.sqrt((w * 0).pow(2).sum()).backward()  # recorded
         with pytest.raises(autograd_guard.GuardError, match="made by SqrtBackward0"):
@@ -160,26 +158,22 @@ def test_strict_skips_names_the_op_then_raises_before_the_weights_change():
     assert not torch.is_anomaly_enabled() and torch.autograd.backward is ORIGINAL_BACKWARD
 
 
-def test_strict_stops_the_optimizer_that_skipped_not_the_next_one_to_step():
-    """Two optimizers (a GAN's halves; a rank's local optimizer beside a shared one): a
-    non-finite step of ``first`` is skipped, ``second`` steps as unguarded, and the raise
-    comes at ``first``'s next step, its weights unchanged."""
+def test_strict_raises_at_the_next_step_of_another_optimizer_deciding_alone():
+    """Two optimizers in one process (a GAN's halves): a non-finite step of ``first`` is
+    skipped and ``second``'s next step raises, naming the op, neither's weights changed.
+    (A step that ranks decide together runs instead: tests/test_grad_health_distributed's
+    some_ranks_step.)"""
     autograd_guard.install({"mode": "strict"})
     a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
     first, second = torch.optim.SGD([a], lr=0.1), torch.optim.SGD([b], lr=0.1)
     with capture_events():
-        (torch.sqrt((a * 0).pow(2).sum()) + b.sum()).backward()
+        torch.sqrt((a * 0).pow(2).sum()).backward()
         first.step()  # skipped
-        second.step()  # its own gradient is finite: it steps
-        assert torch.equal(b.detach(), torch.full((3,), 0.9))
-        for optimizer in (first, second):
-            optimizer.zero_grad()
-        (torch.sqrt((a * 0).pow(2).sum()) + b.sum()).backward()
-        second.step()
+        (torch.sqrt((a * 0).pow(2).sum()) + b.sum()).backward()  # recorded
         with pytest.raises(autograd_guard.GuardError, match="made by SqrtBackward0"):
-            first.step()
+            second.step()
     assert torch.equal(a.detach(), torch.ones(3)) and not first.state
-    assert torch.allclose(b.detach(), torch.full((3,), 0.8))
+    assert torch.equal(b.detach(), torch.ones(3)) and not second.state
 
 
 def test_uninstall_removes_every_patch():

@@ -206,7 +206,7 @@ class GradHealth(Guard):
     def _at_exit(self) -> None:
         """The run is over: an armed localiser's last word, and parameters (or whole
         optimizers) that got no gradient in a run shorter than ``lost_steps``."""
-        self._strict.due(at_exit=True)  # strict: a deferred stop no step raised
+        self._strict.exit()  # strict: a deferred stop no step raised
         self._localiser.stop(at_exit=True)
         self._loss.finished("the run ended before another forward pass")
         self._repair.exit()

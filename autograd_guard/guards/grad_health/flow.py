@@ -121,7 +121,7 @@ class StepFlow:
             record.depth = self._stepping.__dict__["depth"] = 0  # left by an interrupted step
         self._enter(record)
         try:
-            self._parts.strict.due(record)  # strict: the op the pass after its skip named
+            self._parts.strict.due(record)  # strict: the op the pass after a skip named
             if record.flag is not None:
                 self._step_over(optimizer, record)  # the last step raised before its post-hooks
             verdict = self._quick(optimizer, record, args, kwargs, gated)

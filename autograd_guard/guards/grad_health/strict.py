@@ -7,10 +7,11 @@ weights, the optimizer's state and ``param_groups`` as before it), and records t
 backward pass with the localiser (the cost of ``torch.autograd.detect_anomaly()`` for that
 one pass); the next optimizer step raises ``GuardError`` before it runs, naming the op and
 its forward line (or why it was not found: a one-off value), with the weights still
-unchanged. The stop belongs to the optimizer whose step was skipped: another optimizer's
-step (a GAN's other half, a rank's local optimizer beside a shared one) runs as it would,
-so no rank stops in a place its own code does not expect. A run that ends before that
-optimizer steps again ends with exit status 3, said at exit.
+unchanged. Not a step that the ranks of a model decide together, unless it is the skipped
+optimizer's own: a rank's local optimizer skipped beside a shared one must not stop the
+shared loop on that rank alone (the others would wait for it); the shared step runs as it
+would, and the local optimizer's next step raises. A run that ends before such a step ends
+with exit status 3, said at exit.
 Where a step cannot be skipped (a closure's evaluation, an optimizer class with no gate,
 ranks that decide together, a flag left on the device) or ``localize_steps = 0``, strict
 raises at the first non-finite step, as before.
@@ -33,8 +34,8 @@ STEPS = 16  # the recording's bound in optimizer steps (of any optimizer) with n
 
 STOPPED = (
     "this {kind} step was skipped (weights, optimizer state and param_groups as before it), "
-    "the next backward pass recorded, and the run stopped at this optimizer's next step, "
-    "before the weights changed"
+    "the next backward pass recorded, and the run stopped at the next step, before the "
+    "weights changed"
 )
 
 
@@ -81,8 +82,8 @@ class StrictStop:
         self.pending = Deferred(record, probe, kind, stop)
         self._voice.emit(
             f"{what}: this {kind} step was skipped (weights, optimizer state and param_groups "
-            "as before it); strict records the next backward pass to name the op, and this "
-            "optimizer's next step raises",
+            "as before it); strict records the next backward pass to name the op, and the "
+            "next step raises",
             action="nonfinite_gradient",
             callsite=site,
             level="error",
@@ -91,13 +92,22 @@ class StrictStop:
         )
         return True
 
-    def due(self, record: Record | None = None, at_exit: bool = False) -> None:
-        """The deferring optimizer's next step (``record``) or the exit: the op the
-        recorded pass named, and the stop (raised; at exit, logged with exit status 3)."""
+    def due(self, record: Record) -> None:
+        """The next step (``record``'s: not one the ranks decide together, unless it is the
+        deferring optimizer's own): the op the recorded pass named, and the stop, raised."""
         pending = self.pending
-        if pending is None or (not at_exit and pending.record is not record):
-            return
+        if pending is None or (record is not pending.record and record.sharing is not None):
+            return  # a shared step runs on every rank (see the module's docstring)
         self.pending = None
+        self._say(pending, at_exit=False)
+
+    def exit(self) -> None:
+        """The run ended before that step: the stop, logged, and exit status 3."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            self._say(pending, at_exit=True)
+
+    def _say(self, pending: Deferred, at_exit: bool) -> None:
         probe, what, site = pending.probe, pending.what, pending.site
         remedy = self._localiser.remedy(find_it=True)
         recording = self._localiser.probe is probe  # else over at another optimizer's step
@@ -113,8 +123,8 @@ class StrictStop:
         if not at_exit:
             self._voice.refuse(event, remedy=remedy, **fields)
         event = event.replace(
-            ", the next backward pass recorded, and the run stopped at this optimizer's next "
-            "step, before the weights changed",
+            ", the next backward pass recorded, and the run stopped at the next step, before the "
+            "weights changed",
             "; the run ended before another step (exit status 3)",
         )
         self._voice.emit(event, level="error", remedy=remedy, always=True, **fields)
