@@ -228,7 +228,7 @@ def test_the_exit_statuses_the_docs_name_are_the_codes():
     )
     assert _calls("fail_at_exit") == {"strict_finding"}
     # and strict's stop deferred to name the op, where no step came after it (issue 52)
-    assert _calls("strict_finding") == {"_lost_event", "_report_no_gradient", "due"}
+    assert _calls("strict_finding") == {"_lost_event", "_report_no_gradient", "_say"}
     assert "a non-finite step skipped with no step after it" in rows["3"]
     assert 'action="lost_gradient"' in inspect.getsource(_grad_usage.Usage._lost_event)
     assert 'action="no_gradient"' in inspect.getsource(_grad_usage.Usage._report_no_gradient)

@@ -159,21 +159,45 @@ def test_strict_skips_names_the_op_then_raises_before_the_weights_change():
 
 
 def test_strict_raises_at_the_next_step_of_another_optimizer_deciding_alone():
-    """Two optimizers in one process (a GAN's halves): a non-finite step of ``first`` is
-    skipped and ``second``'s next step raises, naming the op, neither's weights changed.
+    """Two optimizers in one process (a GAN's halves), each past its first step: a
+    non-finite step of ``first`` is skipped, the next pass recorded, and ``second``'s next
+    step raises naming the op, before either's weights change again.
     (A step that ranks decide together runs instead: tests/test_grad_health_distributed's
     some_ranks_step.)"""
     autograd_guard.install({"mode": "strict"})
     a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
     first, second = torch.optim.SGD([a], lr=0.1), torch.optim.SGD([b], lr=0.1)
     with capture_events():
+        (a.sum() + b.sum()).backward()
+        first.step()
+        second.step()  # each has stepped once: each decides alone
+        for optimizer in (first, second):
+            optimizer.zero_grad()
         torch.sqrt((a * 0).pow(2).sum()).backward()
         first.step()  # skipped
         (torch.sqrt((a * 0).pow(2).sum()) + b.sum()).backward()  # recorded
         with pytest.raises(autograd_guard.GuardError, match="made by SqrtBackward0"):
             second.step()
+    assert torch.equal(a.detach(), torch.full((3,), 0.9)) and first.state == {}
+    assert torch.equal(b.detach(), torch.full((3,), 0.9))
+
+
+def test_strict_with_one_loss_and_two_optimizers_names_the_op_after_the_next_pass():
+    """One loss, two optimizers stepped back to back (an encoder's and a decoder's): no
+    backward pass between them, so ``second``'s step is not where the op can be named. Its
+    finite step runs; the next pass is recorded and the next step raises, naming it."""
+    autograd_guard.install({"mode": "strict"})
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    first, second = torch.optim.SGD([a], lr=0.1), torch.optim.SGD([b], lr=0.1)
+    with capture_events(), pytest.raises(autograd_guard.GuardError, match="made by Sqrt"):
+        for _ in range(3):
+            first.zero_grad()
+            second.zero_grad()
+            (torch.sqrt((a * 0).pow(2).sum()) + b.sum()).backward()
+            first.step()  # skipped; then raises at the next iteration, named
+            second.step()
     assert torch.equal(a.detach(), torch.ones(3)) and not first.state
-    assert torch.equal(b.detach(), torch.ones(3)) and not second.state
+    assert torch.allclose(b.detach(), torch.full((3,), 0.9))  # its one finite step
 
 
 def test_uninstall_removes_every_patch():

@@ -570,3 +570,53 @@ def test_module_attribute_tensors_of_an_optimizer_gone_before_exit_keep_their_na
     assert "done" in result.stdout and result.returncode == 3, result.stderr
     assert "though their modules ran in the forward pass: k, extra.0" in result.stderr
     assert "<a parameter of shape" not in result.stderr
+
+
+class Decayed(torch.nn.Module):
+    """A regulariser's list of other modules' parameters (``decayed``) and an LSTM (whose
+    ``_flat_weights`` list holds its own parameters again); ``aux_head`` never runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.aux_head = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+        self.lstm = torch.nn.LSTM(3, 3)
+        self.decayed = [self.body.weight, self.aux_head.weight]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(self.body(x).unsqueeze(1))[0].squeeze(1)
+
+
+def test_parameters_listed_by_another_module_keep_their_names_and_judgement():
+    """Attribute tensors are a module's own plain tensors only: a list of another module's
+    parameters does not make a layer that never ran "lost" (strict runs on), and an LSTM's
+    weights keep their names (not ``lstm._flat_weights.0``)."""
+    from autograd_guard.guards.grad_health.check import parameter_names
+
+    torch.manual_seed(0)
+    model = Decayed()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    autograd_guard.install({"mode": "strict", "guards": {"grad_health": {"lost_steps": 3}}})
+    with capture_events() as events:
+        for _ in range(5):
+            optimizer.zero_grad()
+            model(torch.randn(4, 3)).pow(2).mean().backward()
+            optimizer.step()
+    assert [e["action"] for e in events] == ["unused_parameter"]
+    assert events[0]["parameters"] == ["aux_head.weight", "aux_head.bias"]
+    names = parameter_names(list(model.lstm.parameters()))
+    assert names == [f"lstm.{n}" for n, _ in model.lstm.named_parameters()]
+
+
+def test_uninstall_closes_a_forward_watch_left_open():
+    """A watch open at uninstall (a parameter still waiting for its first gradient) takes
+    its global forward pre-hook with it."""
+    before = len(HOOKS)
+    autograd_guard.install({})
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizer.zero_grad()
+    model(torch.randn(4, 4)).pow(2).mean().backward()
+    optimizer.step()
+    assert len(HOOKS) == before + 1  # spare waits for its first gradient: a watch is on
+    autograd_guard.uninstall()
+    assert len(HOOKS) == before

@@ -203,7 +203,9 @@ def test_strict_raises_from_backward_before_the_camera_gets_a_gradient():
     assert event["level"] == "error" and event["callsite"].startswith(__file__)
     # the same object the guard raised, its traceback the user's frames, torch's, one of ours
     frames = [str(entry.path) for entry in raised.traceback]
-    assert frames[0] == __file__ and sum("autograd_guard" in f for f in frames) == 1
+    ours = [entry.name for entry in raised.traceback if "autograd_guard" in str(entry.path)]
+    # one, and grad_health's loss check around Tensor.backward (a frame of its own: open)
+    assert frames[0] == __file__ and len([n for n in ours if n != "backward"]) == 1
     camera_fit(silhouette_renderer(1e-4, TUTORIAL_BLUR, 50), steps=1)  # no raise
 
 

@@ -188,7 +188,7 @@ class GradHealth(Guard):
             self._at_exit()
 
     def _detach(self) -> None:
-        self._flow.active = False
+        self._flow.stop()
         self._loss.unwatch()
         self._hooks.remove()
         self._flow.gates.remove()

@@ -80,12 +80,20 @@ class StepFlow:
     def restart(self) -> None:
         """A new run in the process: every optimizer starts anew (steps still counted)."""
         records = self.records
-        for record in records.all():
+        self._close_watches()
+        self.records = Records()
+        self.records.steps = records.steps
+
+    def stop(self) -> None:
+        """The guard is detached: no step is checked, no forward pass watched."""
+        self.active = False
+        self._close_watches()
+
+    def _close_watches(self) -> None:
+        for record in self.records.all():
             if record.watch is not None:
                 record.watch.close()
                 record.watch = None
-        self.records = Records()
-        self.records.steps = records.steps
 
     def before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The first global pre-hook: gate the optimizer's class (once per class); a class

@@ -186,6 +186,8 @@ class BackwardProbe:
             self.keys.append(node_key(makers[0][0]) if makers and repairable else None)
             if makers and self.loss_finite and not repairable and self.declined is None:
                 self.declined = type(next(n for n, _, ok in makers if not ok)).__name__
+            elif makers and repairable:
+                self.declined = None  # a later pass found a node it can mend
             if not makers:
                 return
             found, tainted, _ = makers[0]

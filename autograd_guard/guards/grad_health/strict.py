@@ -7,10 +7,13 @@ weights, the optimizer's state and ``param_groups`` as before it), and records t
 backward pass with the localiser (the cost of ``torch.autograd.detect_anomaly()`` for that
 one pass); the next optimizer step raises ``GuardError`` before it runs, naming the op and
 its forward line (or why it was not found: a one-off value), with the weights still
-unchanged. Not a step that the ranks of a model decide together, unless it is the skipped
-optimizer's own: a rank's local optimizer skipped beside a shared one must not stop the
-shared loop on that rank alone (the others would wait for it); the shared step runs as it
-would, and the local optimizer's next step raises. A run that ends before such a step ends
+unchanged. Not a step that the ranks of a model decide together (or an optimizer's first
+step, where that is not known yet), unless it is the skipped optimizer's own: a rank's local
+optimizer skipped beside a shared one must not stop the shared loop on that rank alone (the
+others would wait for it); the shared step runs as it would, and the local optimizer's next
+step raises. Nor another optimizer's step before any backward pass since the skip (one loss,
+two optimizers stepped back to back): nothing is named yet; a non-finite step there is
+skipped too, and said. A run that ends before such a step ends
 with exit status 3, said at exit.
 Where a step cannot be skipped (a closure's evaluation, an optimizer class with no gate,
 ranks that decide together, a flag left on the device) or ``localize_steps = 0``, strict
@@ -71,33 +74,45 @@ class StrictStop:
             or sharing is not None
             or record.sharing is not None
             or not self._voice.config["localize_steps"]
-            or self.pending is not None
         ):
             return False
-        what, site, names = stop
-        probe = self._localiser.arm_once(site, STEPS)  # one pass; other optimizers' steps
-        if probe is None:  # before it do not end it
+        if self.pending is not None:  # another optimizer's step skipped before this one
+            if self.pending.probe.recorded:  # the op is named by now: this step stops
+                return False
+            self._skipped(optimizer, stop)  # no pass since (one loss, two optimizers)
+            return True
+        probe = self._localiser.arm_once(stop[1], STEPS)  # one pass; other optimizers'
+        if probe is None:  # steps before it do not end it
             return False
-        kind = type(optimizer).__name__
-        self.pending = Deferred(record, probe, kind, stop)
+        self.pending = Deferred(record, probe, type(optimizer).__name__, stop)
+        self._skipped(optimizer, stop)
+        return True
+
+    def _skipped(self, optimizer: Any, stop: tuple[str, str, Any]) -> None:
+        what, site, names = stop
         self._voice.emit(
-            f"{what}: this {kind} step was skipped (weights, optimizer state and param_groups "
-            "as before it); strict records the next backward pass to name the op, and the "
-            "next step raises",
+            f"{what}: this {type(optimizer).__name__} step was skipped (weights, optimizer "
+            "state and param_groups as before it); strict records the next backward pass to "
+            "name the op, and the next step raises",
             action="nonfinite_gradient",
             callsite=site,
             level="error",
             parameters=names,
             remedy=self._localiser.remedy(find_it=False),
         )
-        return True
 
     def due(self, record: Record) -> None:
         """The next step (``record``'s: not one the ranks decide together, unless it is the
         deferring optimizer's own): the op the recorded pass named, and the stop, raised."""
         pending = self.pending
-        if pending is None or (record is not pending.record and record.sharing is not None):
-            return  # a shared step runs on every rank (see the module's docstring)
+        if pending is None:
+            return
+        if record is not pending.record and (
+            record.sharing is not None  # a shared step runs on every rank (see above)
+            or record.site is None  # a first step: whether it is shared is not known yet
+            or not pending.probe.recorded  # no backward pass since: nothing to name yet
+        ):
+            return
         self.pending = None
         self._say(pending, at_exit=False)
 
