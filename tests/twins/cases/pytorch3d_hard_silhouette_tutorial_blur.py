@@ -1,7 +1,7 @@
 """Correct code: the camera_position_optimization tutorial's settings (``blur_radius =
 log(1/1e-4 - 1) * sigma``, 50 faces per pixel) for the fit, and a hard ``blur_radius=0``
 mask rendered without grad for the reference: nothing risky; PyTorch3D's own result, bit
-for bit, and no event."""
+for bit, and no finding (grad_audit may note an audit it skipped)."""
 
 import math
 
