@@ -178,7 +178,7 @@ def test_strict_raises_at_the_next_step_of_another_optimizer_deciding_alone():
         (torch.sqrt((a * 0).pow(2).sum()) + b.sum()).backward()  # recorded
         with pytest.raises(autograd_guard.GuardError, match="made by SqrtBackward0"):
             second.step()
-    assert torch.equal(a.detach(), torch.full((3,), 0.9)) and first.state == {}
+    assert torch.equal(a.detach(), torch.full((3,), 0.9))  # its one finite step only
     assert torch.equal(b.detach(), torch.full((3,), 0.9))
 
 
