@@ -124,10 +124,9 @@ class Localiser:
             op, line = probe.origin
             known = advice(op, probe.frames)  # a library function's known singular point
             within = f" in {known[0]}" if known else ""
-            remedy, declined = known[1] if known else ORIGIN_REMEDY, ""
-            if probe.declined is not None and probe.confirm:  # where fix would repair
-                declined = f". {declined_words(probe.declined)}"
-                remedy = SPECTRAL_REMEDY if probe.declined in SPECTRAL and not known else remedy
+            remedy, declined = known[1] if known else ORIGIN_REMEDY, _declined(probe)
+            if declined and probe.declined in SPECTRAL and not known:
+                remedy = SPECTRAL_REMEDY
             site = self.site or self._sites.site(None)
             self._voice.emit(
                 f"the first non-finite gradient came out of {op}, the backward of line "
@@ -159,9 +158,7 @@ class Localiser:
                 remedy=LOSS_REMEDY,
             )
             return
-        declined = ""
-        if probe.declined is not None and probe.confirm:  # where fix would repair
-            declined = f". {declined_words(probe.declined)}"
+        declined = _declined(probe)
         if probe.made is None and probe.origin is not None:  # the weights came in finite
             self._unknown(
                 f"the next backward pass ran on a forward value that was already non-finite "
@@ -204,3 +201,11 @@ class Localiser:
             callsite=self.site or self._sites.site(None),
             remedy=find,
         )
+
+
+def _declined(probe: BackwardProbe) -> str:
+    """Why repair does not begin at the node found, where fix would repair (said after the
+    origin); "" elsewhere."""
+    if probe.declined is None or not probe.confirm:
+        return ""
+    return f". {declined_words(probe.declined)}"

@@ -35,11 +35,12 @@ if TYPE_CHECKING:
 
 STEPS = 16  # the recording's bound in optimizer steps (of any optimizer) with no backward pass
 
-STOPPED = (
-    "this {kind} step was skipped (weights, optimizer state and param_groups as before it), "
-    "the next backward pass recorded, and the run stopped at the next step, before the "
+SKIPPED = "this {kind} step was skipped (weights, optimizer state and param_groups as before it)"
+RAISED = (
+    ", the next backward pass recorded, and the run stopped at the next step, before the "
     "weights changed"
 )
+ENDED = "; the run ended before another step (exit status 3)"
 
 
 class Deferred:
@@ -133,14 +134,9 @@ class StrictStop:
             op, line = probe.origin
             what += f", made by {op} (the backward of line {short(line, site)})"
             remedy = MAKE_SAFE
-        event = f"{what}: {STOPPED.format(kind=pending.kind)}"
+        event = f"{what}: {SKIPPED.format(kind=pending.kind)}{ENDED if at_exit else RAISED}"
         fields = {"action": "nonfinite_gradient", "callsite": site, "parameters": pending.names}
         if not at_exit:
             self._voice.refuse(event, remedy=remedy, **fields)
-        event = event.replace(
-            ", the next backward pass recorded, and the run stopped at the next step, before the "
-            "weights changed",
-            "; the run ended before another step (exit status 3)",
-        )
         self._voice.emit(event, level="error", remedy=remedy, always=True, **fields)
         strict_finding()
