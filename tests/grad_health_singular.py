@@ -6,13 +6,21 @@ Each returns (final loss, the solution) after ``steps`` optimizer steps.
   norm before it takes the small-angle branch, so at the identity (the usual start) the
   forward holds 0/0 and the gradient is NaN; RoMa 1.3.0 is the fixed release. Run in a
   child interpreter (``ROTATION_FIT``), one RoMa per process.
+- ``procrustes``: RoMa's ``special_procrustes_naive`` (any release) differentiates through
+  torch's SVD: at repeated singular values (a matrix fitted from the identity) its backward
+  is NaN, 0 is not its limit, and the next step's SVD of a NaN matrix raises. RoMa's
+  ``special_procrustes`` (its own backward) is the fix. Run in a child interpreter
+  (``PROCRUSTES_FIT``).
 - ``masked_attention``: softmax over a query row that the padding mask masks fully: the
   row is NaN in the forward pass, the loss leaves it out, every gradient is NaN. The
   documented fix fills with a large finite negative instead of ``-inf``.
-- ``module_attention``: the same shape through torch's own ``nn.MultiheadAttention``
-  (``need_weights=True``, its default: softmax, then the attention's and ``out_proj``'s
-  matrix products over the NaN row); a padded query whose sliding window holds only padded
-  keys. The manual fix: masks filled with -1e9.
+- ``module_attention``: the same shape through torch's own modules: ``nn.MultiheadAttention``
+  (``need_weights`` either way: softmax, then the attention's and ``out_proj``'s matrix
+  products over the NaN row), ``nn.TransformerEncoderLayer`` (``norm_first`` either way: a
+  LayerNorm over that row) and ``F.scaled_dot_product_attention`` with a boolean mask; a
+  padded query whose sliding window holds only padded keys. The manual fix: masks filled
+  with -1e9. From torch 2.5 only ``need_weights=True`` makes the NaN (torch's attention
+  kernels give a fully masked row 0).
 - ``soft_distance``: a soft distance transform of a sparse grid: ``log`` of a kernel sum
   that underflows to exactly 0 far from every occupied cell, then clamped: ``log(0)``'s
   backward is 0/0. The documented fix: ``torch.where`` on a safe input (the double where).
@@ -31,7 +39,8 @@ from collections.abc import Callable
 import torch
 
 Hook = Callable[[int], None] | None  # called with the step's index before each step
-ROTATION_FIT = """
+# a fit of RoMa's rotations to a target, run in a child interpreter (one RoMa per process)
+ROMA_FIT = """
 import json, sys
 sys.path.insert(0, {folder!r})
 import torch, roma
@@ -43,6 +52,10 @@ if policy is not None:
 torch.manual_seed(0)
 points = torch.randn(32, 3)
 target = points @ roma.rotvec_to_rotmat(torch.tensor([0.4, -0.3, 0.6])).T
+"""
+ROTATION_FIT = (
+    ROMA_FIT
+    + """
 rotvec = torch.nn.Parameter(torch.zeros(3))  # the identity: the usual start
 optimizer = torch.optim.Adam([rotvec], lr=0.05)
 with capture_events() as events:
@@ -53,6 +66,28 @@ with capture_events() as events:
         optimizer.step()
 print(json.dumps({{"loss": loss.item(), "solution": rotvec.tolist(), "events": events}}))
 """
+)
+
+PROCRUSTES_FIT = (
+    ROMA_FIT
+    + """
+matrix = torch.nn.Parameter(torch.eye(3))  # the identity: singular values 1, 1, 1
+optimizer = torch.optim.Adam([matrix], lr=0.05)
+error = None
+with capture_events() as events:
+    try:
+        for _ in range({steps}):
+            rotation = roma.{function}(matrix)
+            loss = (points @ rotation.T - target).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    except Exception as exc:
+        error = type(exc).__name__
+print(json.dumps({{"loss": loss.item(), "matrix": matrix.tolist(), "error": error,
+                  "events": events}}))
+"""
+)
 
 
 def masked_attention(
@@ -82,16 +117,25 @@ def masked_attention(
     return loss.item(), torch.cat([p.detach().flatten() for p in q.parameters()]).cpu()
 
 
+MODULES = ("attention", "attention_no_weights", "encoder", "encoder_norm_first", "sdpa")
+
+
 def module_attention(
-    fixed: bool = False, steps: int = 150, batch_first: bool = False
+    fixed: bool = False,
+    steps: int = 150,
+    batch_first: bool = False,
+    module: str = "attention",
+    skipped: int = 0,
 ) -> tuple[float, torch.Tensor]:
+    """``module``: ``nn.MultiheadAttention`` with ``need_weights`` True (``attention``) or
+    False, ``nn.TransformerEncoderLayer`` with ``norm_first`` False (``encoder``) or True,
+    or ``F.scaled_dot_product_attention`` with a boolean mask (``sdpa``). ``skipped``: the
+    first steps are not taken (a hand-written skip: ``optimizer.step()`` not called)."""
     torch.manual_seed(0)
     length, batch, width = 6, 2, 8
-    attention, head = (
-        torch.nn.MultiheadAttention(width, 2, batch_first=batch_first),
-        torch.nn.Linear(width, 1),
-    )
-    params = [*attention.parameters(), *head.parameters()]
+    layer = _attention_layer(module, width, batch_first)
+    head = torch.nn.Linear(width, 1)
+    params = [*layer.parameters(), *head.parameters()]
     optimizer = torch.optim.Adam(params, lr=0.01)
     x, target = torch.randn(length, batch, width), torch.randn(length, batch, 1)
     pad = torch.zeros(batch, length, dtype=torch.bool)
@@ -104,14 +148,43 @@ def module_attention(
     valid = (torch.arange(length) < 4).view(length, 1, 1)  # padded queries left out
     if batch_first:
         x, target, valid = (t.transpose(0, 1) for t in (x, target, valid))
-    for _ in range(steps):
+    for step in range(steps):
         optimizer.zero_grad()
-        out, _ = attention(x, x, x, key_padding_mask=pad, attn_mask=window)
-        y = head(out)
+        y = head(_attend(module, layer, x, pad, window, batch_first))
         loss = torch.where(valid, y - target, torch.zeros_like(y)).pow(2).sum()
         loss.backward()
-        optimizer.step()
-    return loss.item(), attention.in_proj_weight.detach().flatten().clone()
+        if step >= skipped:
+            optimizer.step()
+    return loss.item(), torch.cat([p.detach().flatten() for p in layer.parameters()])
+
+
+def _attention_layer(module: str, width: int, batch_first: bool) -> torch.nn.Module:
+    if module.startswith("attention"):
+        return torch.nn.MultiheadAttention(width, 2, batch_first=batch_first)
+    if module.startswith("encoder"):
+        return torch.nn.TransformerEncoderLayer(
+            width, 2, 16, dropout=0.0, norm_first=module.endswith("first"), batch_first=batch_first
+        )
+    return torch.nn.Linear(width, 3 * width)  # the query, key and value of sdpa
+
+
+def _attend(module: str, layer: torch.nn.Module, x, pad, window, batch_first: bool):
+    if module.startswith("attention"):
+        weights = module == "attention"
+        out, _ = layer(x, x, x, key_padding_mask=pad, attn_mask=window, need_weights=weights)
+        return out
+    if module.startswith("encoder"):
+        return layer(x, src_mask=window, src_key_padding_mask=pad)
+    rows = x if batch_first else x.transpose(0, 1)  # (batch, length, width)
+    batch, length, width = rows.shape
+    q, k, v = layer(rows).view(batch, length, 3, 2, width // 2).permute(2, 0, 3, 1, 4)
+    if pad.dtype == torch.bool:  # sdpa's boolean mask: True where attention is allowed
+        mask = ~(window[None, None] | pad[:, None, None, :])
+    else:
+        mask = window[None, None] + pad[:, None, None, :]
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out = out.permute(0, 2, 1, 3).reshape(batch, length, width)
+    return out if batch_first else out.transpose(0, 1)
 
 
 def soft_distance(

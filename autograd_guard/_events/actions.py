@@ -44,6 +44,7 @@ FINDINGS = frozenset(
         "nonfinite_loss",
         "nonfinite_origin",
         "repair_stuck",
+        "repair_worse",
         "training_stalled",
         "unattached_rules",
         "wrong_gradient",

@@ -18,6 +18,12 @@ PyTorch3D, every version unless a row says otherwise:
   facebookresearch/pytorch3d 9f14e82, June 2021, added ``cos_bound``); from 0.5.0 only with
   ``cos_bound=0`` (the default 1e-4 extrapolates ``acos`` linearly); ``so3_log_map`` no
   longer uses ``acos`` from 0.7.6 (292acc7).
+
+RoMa, every version (1.2.1 to 1.8.0 checked): ``procrustes_naive`` and
+``special_procrustes_naive`` differentiate through torch's SVD, whose backward divides by the
+differences of the singular values: NaN at repeated ones (the identity, the usual start of
+a fit; a symmetric point set). RoMa's ``procrustes``/``special_procrustes`` compute the same
+with their own backward (``gradient_eps``), which holds there.
 """
 
 from __future__ import annotations
@@ -55,6 +61,12 @@ SO3_OLD = (
     "+-1): PyTorch3D {version} calls acos unbounded; PyTorch3D 0.5.0 and later bound it "
     "(cos_bound, default 1e-4): upgrade, or pass cos_angle=True and compare cosines"
 )
+ROMA_NAIVE = (
+    "roma.{function} differentiates through torch's SVD, whose backward divides by the "
+    "differences of the singular values: NaN at repeated ones (the identity, the usual "
+    "start; a symmetric point set). roma.{fixed} computes the same with a backward that "
+    "holds there (gradient_eps): use it"
+)
 SO3_BOUND = (
     "acos in pytorch3d.transforms.{function} at the identity or a half turn (a cosine of "
     "+-1) with cos_bound=0, which calls acos unbounded: keep cos_bound > 0 (the default "
@@ -77,6 +89,7 @@ TABLE: tuple[tuple[tuple[str, ...], str, tuple[str, ...], str], ...] = (
         ("so3_relative_angle", "so3_log_map", "so3_rotation_angle"),
         SO3_BOUND,
     ),
+    (SVD_OPS, "roma/mappings.py", ("special_procrustes_naive", "procrustes_naive"), ROMA_NAIVE),
 )
 
 
@@ -104,6 +117,8 @@ def _worded(text: str, function: str) -> str:
         from autograd_guard.guards import BUILTIN
 
         return GIMBAL + (GIMBAL_GUARD if "pytorch3d_euler_gimbal" in BUILTIN else "")
+    if text is ROMA_NAIVE:
+        return ROMA_NAIVE.format(function=function, fixed=function.removesuffix("_naive"))
     if text is SO3_BOUND:
         version = str(getattr(sys.modules.get("pytorch3d"), "__version__", "") or "")
         if is_affected(version, "<0.5.0"):

@@ -73,6 +73,7 @@ class Localiser:
                 probe = BackwardProbe(passes, passes + 2, self._hooks.eager)
                 probe.confirm = repairs and voice.mode in ("fix", "observe") and not shared
                 probe.mend = probe.confirm and voice.mode == "fix"
+                probe.ranks = repairs and voice.mode == "fix" and shared
                 probe.arm()
                 self.probe, self.site = probe, site
 
@@ -203,9 +204,16 @@ class Localiser:
         )
 
 
+RANKS = (
+    "Repair does not begin where the ranks of a model decide a step together (a gradient "
+    "mended on one rank is a change the others would not make): fix skips such steps on "
+    "every rank; make the op safe for gradients to train through it"
+)
+
+
 def _declined(probe: BackwardProbe) -> str:
     """Why repair does not begin at the node found, where fix would repair (said after the
     origin); "" elsewhere."""
-    if probe.declined is None or not probe.confirm:
-        return ""
-    return f". {declined_words(probe.declined)}"
+    if probe.declined is not None and (probe.confirm or probe.ranks):
+        return f". {declined_words(probe.declined)}"
+    return f". {RANKS}" if probe.ranks else ""

@@ -18,6 +18,7 @@ import re
 import sys
 
 from autograd_guard.guards.grad_health.dist import local_gradient
+from autograd_guard.guards.grad_health.recompute import recompute, recomputes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
 _INPUTS = {"_saved_self": 0, "_saved_other": 1}  # a saved input, and its place in next_functions
 _BACKWARD = re.compile(r"Backward\d*$")
+_WORDS = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")  # where a CamelCase word begins
 LEAF = "a leaf (weights or inputs)"
 
 
@@ -97,17 +99,18 @@ def node_key(node: Any) -> tuple[Any, ...]:
 
 
 def forward_name(op: str) -> str:
-    """``SoftmaxBackward0`` -> ``softmax``; a compiled graph's node as it is named."""
+    """``SoftmaxBackward0`` -> ``softmax``, ``MaskedFillBackward0`` -> ``masked_fill``; a
+    compiled graph's node as it is named."""
     name = _BACKWARD.sub("", op)
-    return name.lower() if name != op and name else op
+    return _WORDS.sub("_", name).lower() if name != op and name else op
 
 
 # Nodes whose output, where a forward value they saved is non-finite and the loss drops it,
 # is mended exactly by making that output 0: each output value depends on the matching
 # values of the forward (element by element; softmax row by row, and a NaN row is NaN
 # whole). A node that sums over them (a matrix product, a broadcast) mixes a NaN times 0
-# into finite values: matrix products are recomputed with those saved values as 0; other
-# such nodes are not repaired.
+# into finite values: matrix products, LayerNorm and broadcasting products are recomputed
+# with those saved values as 0 (``recompute``); other such nodes are not repaired.
 LOCAL = frozenset(
     f"{name}Backward{n}"
     for name in (
@@ -118,13 +121,6 @@ LOCAL = frozenset(
     )
     for n in (0, 1)
 )  # fmt: skip
-# matrix products: the saved operands' names and where their gradients begin (addmm's
-# first is its bias's, nn.Linear on a batch of rows)
-PRODUCTS = {
-    "BmmBackward0": ("_saved_self", "_saved_mat2", 0),
-    "MmBackward0": ("_saved_self", "_saved_mat2", 0),
-    "AddmmBackward0": ("_saved_mat1", "_saved_mat2", 1),
-}
 # Spectral decompositions: at repeated eigen- or singular values their backward divides by
 # the values' differences, and 0 is not the gradient's limit there (a matrix square root's
 # true gradient solves a Sylvester equation): never mended, wherever the values came from.
@@ -161,11 +157,12 @@ def declined_words(op: str) -> str:
 
 
 def mendable(node: Any, tainted: bool, grad_inputs: Any, grad_outputs: Any) -> bool:
-    """Whether making ``node``'s non-finite outputs 0 (recomputing, for a product) gives the
-    gradient's limit: always where its forward values were finite (a singular point of
-    the op); where they were not, only for the nodes above, shapes unchanged."""
+    """Whether making ``node``'s non-finite outputs 0 (recomputing, for the nodes that sum
+    over a forward value: ``recompute``) gives the gradient's limit: always where its
+    forward values were finite (a singular point of the op); where they were not, for the
+    nodes recomputed, and for the element-wise nodes above with shapes unchanged."""
     name = type(node).__name__
-    if not tainted or name in PRODUCTS:
+    if not tainted or recomputes(node, grad_inputs):
         return True
     shape = getattr(grad_outputs[0], "shape", None) if grad_outputs else None
     same = all(g is None or g.shape == shape for g in grad_inputs)
@@ -174,48 +171,15 @@ def mendable(node: Any, tainted: bool, grad_inputs: Any, grad_outputs: Any) -> b
 
 def mend_node(torch: Any, node: Any, grad_inputs: Any, grad_outputs: Any, gate: Any) -> Any:
     """``node``'s outputs mended (a tuple), and the flags of what changed (on the device)."""
-    product = PRODUCTS.get(type(node).__name__)
-    if product is not None and len(grad_inputs) == product[2] + 2 and grad_outputs[0] is not None:
-        grad_inputs = _product(torch, node, product, grad_inputs, grad_outputs[0], gate)
-    out, flags = [], []
-    for grad in grad_inputs:
-        grad, changed = mended(torch, grad, gate)
-        out.append(grad)
+    grad = grad_outputs[0] if grad_outputs else None
+    found, recomputed = recompute(torch, node, grad_inputs, grad, gate)
+    out, flags = [], [] if recomputed is None else [recomputed]
+    for value in found:
+        value, changed = mended(torch, value, gate)
+        out.append(value)
         if changed is not None:
             flags.append(changed)
     return tuple(out), flags
-
-
-def _product(
-    torch: Any, node: Any, product: tuple[str, str, int], grads: Any, grad: Any, gate: Any
-) -> list[Any]:
-    """A matrix product's gradients with its saved non-finite operands as 0 (where the
-    loss is finite and they are not: a NaN row times a zero gradient row)."""
-    first, second, at = product
-    a, b = (_zeroed(torch, getattr(node, name, None)) for name in (first, second))
-    alpha = getattr(node, "_saved_alpha", 1)
-    if alpha != 1:
-        grad = grad * alpha
-    found = list(grads)
-    if grads[at] is not None and b is not None:
-        found[at] = (
-            torch.where(gate, grad @ b.transpose(-1, -2), grads[at])
-            if gate is not None
-            else grad @ b.transpose(-1, -2)
-        )
-    if grads[at + 1] is not None and a is not None:
-        found[at + 1] = (
-            torch.where(gate, a.transpose(-1, -2) @ grad, grads[at + 1])
-            if gate is not None
-            else a.transpose(-1, -2) @ grad
-        )
-    return found
-
-
-def _zeroed(torch: Any, tensor: Any) -> Any:
-    if tensor is None or not tensor.is_floating_point():
-        return None
-    return torch.nan_to_num(tensor.detach(), nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def sanitised(torch: Any, grad: Any, gate: Any) -> Any:
@@ -249,7 +213,7 @@ def forward_maker(first: Any, saved: Callable[[Any], dict[str, bool]]) -> tuple[
     node's saved values by name, finite or not, as recorded while the pass ran."""
     node = _deepest(first, saved)
     names = saved(node)
-    if names.get("_saved_result") is False:
+    if names.get("_saved_result") is False or names.get("_saved_output") is False:
         return forward_name(type(node).__name__), node
     index = next((i for name, i in _INPUTS.items() if names.get(name) is False), None)
     if index is None or index >= len(node.next_functions):

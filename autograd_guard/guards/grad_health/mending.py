@@ -52,6 +52,8 @@ class Repairer:
         self.first: float | None = None  # the loss of the first mended pass
         self.best: float | None = None
         self.judged = False  # the stall check has been made
+        self.last: float | None = None  # the loss of the latest mended pass
+        self.above = 0  # mended passes in a row whose loss was above the first's
         self.site = "-"  # the step where repair began
         self.behind: list[tuple[Any, Any]] = []  # (weak ref of a parameter, its sum then)
         self.armed = False
@@ -138,6 +140,8 @@ class Repairer:
                 self.repaired += 1
                 self.first = value if self.first is None else self.first
                 self.best = value if self.best is None else min(self.best, value)
+                self.last = value
+                self.above = self.above + 1 if value > self.first + FALL * abs(self.first) else 0
 
     def watch(self, behind: list[Any]) -> None:
         """The parameters behind the repaired nodes (weak refs), each with a sum of its
@@ -145,6 +149,11 @@ class Repairer:
         torch = sys.modules["torch"]
         with torch.no_grad():
             self.behind = [(ref, p.detach().sum()) for ref in behind if (p := ref()) is not None]
+
+    def worse(self, steps: int) -> bool:
+        """The loss of the last ``steps`` mended passes, each, was above the loss when the
+        repair began (where skipping would have kept the weights)."""
+        return bool(steps) and self.above >= steps
 
     def stalled(self, steps: int) -> str | None:
         """Judged once, after ``steps`` mended passes: what has not moved (one read)."""

@@ -68,6 +68,7 @@ class BackwardProbe:
         self.loss_finite = True  # the last pass's roots were finite
         self.mended = False  # the last pass's gradients were mended (the step is not clean)
         self.declined: str | None = None  # a node found, with a finite loss, not mendable
+        self.ranks = False  # fix would repair, but the ranks of a model decide together
         self.behind: list[Any] = []  # weak refs of the parameters behind those nodes
         self.recorded = self.stepped = 0
         self.armed = False
@@ -84,6 +85,8 @@ class BackwardProbe:
         self._lock = threading.Lock()
         self._node_hook = eager(self._check_node)  # one wrapper for every node
         self._gate: Any = None  # this pass's roots are finite (a flag on their device)
+        self._loss: Any = None  # this pass's roots' sum (on their device)
+        self.loss: float | None = None  # the last pass's loss, where it found makers
 
     def arm(self) -> None:
         torch = sys.modules["torch"]
@@ -160,7 +163,9 @@ class BackwardProbe:
             values, heads = pass_roots(torch, tensors)
             with torch.no_grad():
                 sums = [gradient_sum(torch, shard_of(t)) for t in values if t.is_floating_point()]
-                self._gate = torch.stack(sums).isfinite().all() if sums else None
+                stacked = torch.stack(sums) if sums else None
+                self._gate = stacked.isfinite().all() if stacked is not None else None
+                self._loss = stacked.sum() if stacked is not None else None
             for node in graph_nodes(heads):
                 hook = functools.partial(self._node_hook, node, pending)
                 handles.append(node.register_hook(hook))
@@ -178,6 +183,8 @@ class BackwardProbe:
             self.loss_finite = gate is None or bool(gate)
             makers, saved = _nonfinite_nodes(torch, pending)
             self.mended = self.mend and self.loss_finite and bool(makers)
+            if makers and self._loss is not None:
+                self.loss = float(self._loss)
             # a non-finite loss is a divergence, never repaired; nor a node that mixes values
             repairable = self.loss_finite and all(ok for _, _, ok in makers)
             if repairable:

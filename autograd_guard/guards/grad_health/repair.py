@@ -17,7 +17,10 @@ repaired; those steps stay skipped. The mending is a few kernels per hooked node
 device, with no host read: whether a pass changed a value, and its loss, are read once
 they are ready (``PendingFlag``), never by waiting. A repair that has run ``stall_steps``
 steps without the loss falling has stalled: it is said as ``training_stalled``, and it
-stops (later such steps are skipped again). A repair that has changed nothing for 20
+stops (later such steps are skipped again). A repair whose loss rises back above its value
+when the repair began, and stays there for ``stall_steps`` mended steps, makes the run
+worse than skipping would have (skipping keeps the weights where they were): said as
+``repair_worse``, and it stops too. A repair that has changed nothing for 20
 passes in a row stands down (the run has left the singular point; should it come back,
 it is found and confirmed again). observe's ``nonfinite_gradient`` says what fix would
 do.
@@ -61,6 +64,17 @@ STALLED = (
     "{steps} optimizer steps ran with {op}'s gradient repaired and the loss has not fallen: "
     "0 is not the right limit there, or the parameters behind it are stuck; repair stopped "
     "(such steps are skipped again)"
+)
+WORSE = (
+    "{steps} optimizer steps in a row ran with {op}'s gradient repaired and a loss above "
+    "{first:.4g}, the loss when the repair began (the latest: {last:.4g}): skipping them "
+    "would have kept the weights where they were then. The repaired gradient makes the run "
+    "worse than skipping: 0 is not the right limit there; repair stopped (such steps are "
+    "skipped again)"
+)
+WORSE_REMEDY = (
+    "make that op safe for gradients with its true limit (a function-level backward, "
+    "torch.where on a safe input, a Taylor branch), or keep the run away from that point"
 )
 STUCK = (
     "{steps} optimizer steps ran with {op}'s gradient repaired and the parameters behind it "
@@ -108,6 +122,7 @@ class Repair:
         repairer.watch(probe.behind)
         repairer.quiet = 0
         repairer.repaired += 1  # this step's pass was mended by the probe
+        repairer.first = repairer.best = probe.loss  # the weights as skipping keeps them
         op, line = probe.origin or ("<unknown>", "<unknown>")
         repairer.site = self._sites.site(optimizer)
         self._voice.emit(
@@ -136,9 +151,12 @@ class Repair:
         if repairer.quiet >= REST:  # the singular point is behind: healthy steps pay nothing
             repairer.disarm()
             return
-        what = repairer.stalled(self._voice.config["stall_steps"])
+        steps = self._voice.config["stall_steps"]
+        what = repairer.stalled(steps)
         if what is not None:
             self._stalled(repairer, what)
+        elif repairer.worse(steps):
+            self._worse(repairer, steps)
 
     def _stalled(self, repairer: Repairer, what: str) -> None:
         """The loss has not fallen: a stall, and the repair stops. The parameters behind
@@ -157,6 +175,21 @@ class Repair:
         self._stopped = True
         event = STALLED.format(steps=repairer.repaired, op=op)
         say_stall(self._voice, event, site, repairer.repaired, REPAIR_REMEDY)
+
+    def _worse(self, repairer: Repairer, steps: int) -> None:
+        """The loss has risen back above where the repair began and stayed there: the
+        repair stops, and says so."""
+        repairer.disarm()
+        self._stopped = True
+        op = ", ".join(sorted({key[0] for key in repairer.keys}))
+        first, last = repairer.first or 0.0, repairer.last or 0.0
+        self._voice.emit(
+            WORSE.format(steps=steps, op=op, first=first, last=last),
+            action="repair_worse",
+            callsite=repairer.site,
+            remedy=WORSE_REMEDY,
+            steps=repairer.repaired,
+        )
 
     def forget(self) -> None:
         """A new run in the process (``settle``): the repairer is dropped, unsaid."""
