@@ -90,3 +90,23 @@ def test_a_loss_on_the_meta_device_says_nothing():
     with guarded({"mode": "fix"}), capture_events() as events:
         (w * 2).sum().backward()
     assert events == []
+
+
+@pytest.mark.parametrize("optimizer_class", [torch.optim.Adam, torch.optim.SGD])
+def test_observe_names_the_forward_op_not_the_optimizer_s_update(optimizer_class):
+    """observe lets a NaN gradient through: the weights turn NaN in the optimizer's update,
+    and the next loss is NaN. The loss's origin names the forward pass's first op given a
+    NaN (the weights'), never the update inside step() (Adam's lerp_, SGD's add_)."""
+    model = torch.nn.Linear(3, 1)
+    optimizer = optimizer_class(model.parameters(), lr=0.01)
+    x = torch.randn(4, 3)
+    with guarded({"mode": "observe"}), capture_events() as events:
+        for step in range(5):
+            optimizer.zero_grad()
+            out = model(x)
+            scale = 0.0 if step == 0 else 1.0  # sqrt's backward at 0: a NaN gradient once
+            (out.pow(2).mean() + torch.sqrt((out * scale).pow(2).sum())).backward()
+            optimizer.step()
+    [origin] = [e for e in events if e["action"] == "nonfinite_origin" and e.get("of") == "loss"]
+    assert "lerp" not in origin["event"] and "add_" not in origin["event"]
+    assert "linear" in origin["event"] and __file__ in origin["event"]

@@ -73,7 +73,7 @@ class Localiser:
                 probe = BackwardProbe(passes, passes + 2, self._hooks.eager)
                 probe.confirm = repairs and voice.mode in ("fix", "observe") and not shared
                 probe.mend = probe.confirm and voice.mode == "fix"
-                probe.ranks = repairs and voice.mode == "fix" and shared
+                probe.ranks = repairs and voice.mode in ("fix", "observe") and shared
                 probe.arm()
                 self.probe, self.site = probe, site
 

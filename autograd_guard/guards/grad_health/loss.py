@@ -4,8 +4,9 @@ Symptom: a NaN/inf loss with finite gradients trains on, silently (``log(relu(x)
 Remedy: none to the step (its gradients are the step check's). Each ``Tensor.backward()`` of
 a one-element floating loss is read for NaN/inf (on CUDA never by waiting: the flag is read
 once its copy has arrived, at a later backward call); a non-finite loss is said
-(``nonfinite_loss``), the next forward pass watched op by op (a ``TorchFunctionMode``) to
-name the first op that made a non-finite value from finite inputs and its line
+(``nonfinite_loss``), the next forward pass watched op by op (a ``TorchFunctionMode``; an
+optimizer's step in between is not watched) to name the first op that made a non-finite
+value from finite inputs and its line
 (``nonfinite_origin``), or why it could not. Not under ``torch.compile`` (no Python per op):
 the event says so. Cost: per backward pass, ``.item()`` on the CPU (~7 us, under load); on
 CUDA no wait.
@@ -245,8 +246,8 @@ def _make_finder(torch: Any) -> type:
             out = func(*args, **(kwargs or {}))
             caller = sys._getframe(1).f_code.co_filename
             if self.on and self.found is None and self.calls < LIMIT and _computes(func):
-                if caller.startswith(_OWN):  # the guard's own reads (the step's check)
-                    return out
+                if caller.startswith(_OWN) or _stepping(torch, sys._getframe(1)):
+                    return out  # the guard's own reads; an optimizer's update (not forward)
                 self.calls += 1
                 try:
                     if _nonfinite(torch, out):
@@ -270,6 +271,18 @@ def _make_finder(torch: Any) -> type:
                 self.__exit__(None, None, None)
 
     return Finder
+
+
+def _stepping(torch: Any, frame: Any) -> bool:
+    """An optimizer's ``step`` is on the stack: its update, not the forward pass (observe
+    lets a non-finite gradient through; the update is not where the value was made)."""
+    while frame is not None:
+        if frame.f_code.co_name == "step":
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, torch.optim.Optimizer):
+                return True
+        frame = frame.f_back
+    return False
 
 
 def _computes(func: Any) -> bool:

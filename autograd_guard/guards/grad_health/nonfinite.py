@@ -81,7 +81,7 @@ class NonFinite:
         )
         if on_device:
             done = ON_DEVICE[mode]
-        elif mode == "observe" and self._repair.repairs():
+        elif mode == "observe" and self._repair.repairs() and record.sharing is None:
             done = done.replace("fix would skip it)", f"fix would {WOULD_FIX})")
         if verdict == SKIP:
             done += _count_skip(optimizer, record, on_device, evaluation)
