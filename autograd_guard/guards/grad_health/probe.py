@@ -179,12 +179,14 @@ class BackwardProbe:
             for handle in handles:
                 handle.remove()
             torch = sys.modules["torch"]
-            gate = self._gate
-            self.loss_finite = gate is None or bool(gate)
+            gate, loss = self._gate, self._loss
+            # one read: whether the roots are finite, and their sum (a repair's start)
+            read = None if gate is None else torch.stack([gate.float(), loss.float()]).tolist()
+            self.loss_finite = read is None or bool(read[0])
             makers, saved = _nonfinite_nodes(torch, pending)
             self.mended = self.mend and self.loss_finite and bool(makers)
-            if makers and self._loss is not None:
-                self.loss = float(self._loss)
+            if makers and read is not None:
+                self.loss = read[1]
             # a non-finite loss is a divergence, never repaired; nor a node that mixes values
             repairable = self.loss_finite and all(ok for _, _, ok in makers)
             if repairable:
