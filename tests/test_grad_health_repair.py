@@ -439,7 +439,8 @@ def test_where_the_ranks_decide_together_repair_does_not_begin_and_says_why(tmp_
     """Two DDP ranks meet a fully masked softmax row every step: fix does not repair (a
     mended gradient on one rank is a change the other does not make), skips every step on
     both ranks, and the origin says why repair did not begin (issue 49); observe, which
-    lets the steps through, says the same of fix, never that it would repair."""
+    lets the steps through, says the same of fix where it names the op (its next pass may
+    run on weights already NaN), never that fix would repair."""
     import socket
 
     from helpers import run_python
@@ -462,8 +463,12 @@ def test_where_the_ranks_decide_together_repair_does_not_begin_and_says_why(tmp_
     steps = [e for e in events if e["action"] == "nonfinite_gradient"]
     assert steps and not any("set them to 0" in e["event"] for e in steps)
     origins = [e for e in events if e["action"] == "nonfinite_origin" and e.get("of") != "loss"]
-    assert origins and all("decide a step together" in e["event"] for e in origins)
-    assert "softmax" in origins[0]["event"]
+    # the op named (in observe a later pass may run on weights the NaN steps made NaN:
+    # said so, with no op and no repair to speak of)
+    named = [e for e in origins if e.get("made") == "softmax"]
+    assert named or mode == "observe"
+    assert all("decide a step together" in e["event"] for e in named)
+    assert all("made" in e or "weights or inputs" in e["event"] for e in origins)
 
 
 def procrustes(function, policy, steps=40):
