@@ -110,3 +110,23 @@ def test_observe_names_the_forward_op_not_the_optimizer_s_update(optimizer_class
     [origin] = [e for e in events if e["action"] == "nonfinite_origin" and e.get("of") == "loss"]
     assert "lerp" not in origin["event"] and "add_" not in origin["event"]
     assert "linear" in origin["event"] and __file__ in origin["event"]
+
+
+def test_a_closure_s_forward_inside_step_is_watched():
+    """LBFGS runs the forward pass in the closure, inside optimizer.step(): the loss's
+    origin names the op there (the optimizer's own update is what is not watched)."""
+    w = torch.nn.Parameter(torch.tensor([0.5, -0.2]))
+    x = torch.tensor([1.0, 2.0])
+    optimizer = torch.optim.LBFGS([w], lr=0.1, max_iter=2)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = torch.log(w @ x - 1.0)  # log of a negative number: a NaN loss
+        loss.backward()
+        return loss
+
+    with guarded({"mode": "observe"}), capture_events() as events:
+        for _ in range(3):
+            optimizer.step(closure)
+    [origin] = [e for e in events if e["action"] == "nonfinite_origin" and e.get("of") == "loss"]
+    assert "torch.log" in origin["event"] and __file__ in origin["event"]

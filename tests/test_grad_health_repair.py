@@ -368,20 +368,19 @@ class TiedSquare(torch.autograd.Function):
         return grad * 2 * u * (u - partner) / (u - partner)
 
 
-def test_a_repair_that_ends_worse_than_skipping_is_said_and_stops():
+def test_a_repair_that_ends_worse_than_skipping_is_said():
     """loss = (w - 3)**2 + 4 * sum(TiedSquare(w * [1, 1])), from w = 0 (loss 9): with the
     tied term's gradient repaired to 0, w walks to 3 and the loss, after falling to 8,
     climbs past 9 towards 72; skipping would have kept w at 0. Fix says ``repair_worse``
-    once the loss has stayed above 9 for stall_steps repaired steps, and stops repairing:
-    the steps after are skipped (and, all skipped, a stall), the weight stays where the
-    repair left it."""
+    once the loss has stayed above 9 for stall_steps repaired passes and is rising; the
+    loss may have changed by itself (a schedule), so the repair goes on, said once."""
     w = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([w], lr=0.01)
     pair = torch.ones(2)
-    autograd_guard.install({"guards": {"grad_health": {"stall_steps": 5}}})
+    autograd_guard.install({"guards": {"grad_health": {"stall_steps": 6}}})
     losses = []
     with capture_events() as events:
-        for _ in range(40):
+        for _ in range(60):
             loss = (w - 3).pow(2).sum() + 4 * TiedSquare.apply(w * pair).sum()
             optimizer.zero_grad()
             loss.backward()
@@ -389,15 +388,31 @@ def test_a_repair_that_ends_worse_than_skipping_is_said_and_stops():
             losses.append(loss.item())
     said = actions(events)
     assert said[:3] == ["nonfinite_gradient", "nonfinite_repaired", "nonfinite_origin"]
+    assert min(losses) < 8.5  # it fell first
     [worse] = [e for e in events if e["action"] == "repair_worse"]
-    at = said.index("repair_worse")
-    assert "training_stalled" not in said[:at] and min(losses) < 8.5  # it fell first
-    assert "worse than skipping" in worse["event"] and "repair stopped" in worse["event"]
-    assert "above 9," in worse["event"]
-    assert set(said[at + 1 :]) <= {"training_stalled", "steps_repaired"}
-    stopped = w.item()
-    assert 0.66 < stopped < 3  # past the point where the loss came back to 9
-    assert losses[-1] == losses[-2]  # skipped since: the weight, and the loss, unchanged
+    assert "worse than skipping" in worse["event"] and "above 9," in worse["event"]
+    assert "The repair goes on" in worse["event"] and 'nonfinite_fix = "skip"' in worse["remedy"]
+    assert "training_stalled" not in said and w.item() > 1.5  # repaired on: towards 3
+
+
+def test_a_repaired_loss_above_an_easy_first_batch_but_not_rising_is_not_worse():
+    """Noisy batches: the batch where the repair began was unusually easy, so every later
+    loss sits above it; the loss is flat, not rising: no repair_worse (a hostile review
+    found the first rule fired here)."""
+    w = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([w], lr=0.0)  # the weights stay: the loss is the batches'
+    pair = torch.ones(2)
+    autograd_guard.install({"guards": {"grad_health": {"stall_steps": 6}}})
+    generator = torch.Generator().manual_seed(0)
+    with capture_events() as events:
+        for step in range(40):
+            level = 1.0 if step < 3 else 2.0 + torch.rand((), generator=generator).item()
+            loss = level * (w - 3).pow(2).sum() + TiedSquare.apply(w * pair).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    said = actions(events)
+    assert "nonfinite_repaired" in said and "repair_worse" not in said
 
 
 RANKS = """
@@ -540,4 +555,48 @@ def test_a_normalisation_over_a_row_the_loss_leaves_out_is_repaired(norm):
     assert actions(events) == ["nonfinite_gradient", "nonfinite_repaired", "nonfinite_origin"]
     reference = normed_attention(norm, fixed=True, skipped=2)
     assert abs(result[0] - reference[0]) <= 1e-5 * reference[0]
+    assert (result[1] - reference[1]).abs().max() < 1e-5
+
+
+def cross_attention(fixed=False, skipped=0, steps=40):
+    """A self-attention whose last query sees no key (NaN row, -1e9 in the fix), then a
+    cross-attention over a finite memory whose query holds that row: torch 2.1's and
+    2.4's fused CPU kernels save the NaN query; the loss leaves the row out."""
+    functional = torch.nn.functional
+    torch.manual_seed(0)
+    length, memory_length, width = 6, 5, 8
+    x, memory = torch.randn(1, 1, length, width), torch.randn(1, 1, memory_length, width)
+    target = torch.randn(1, 1, length, width)
+    layers = [torch.nn.Linear(width, width) for _ in range(6)]
+    q1, k1, v1, q2, k2, v2 = layers
+    params = [p for layer in layers for p in layer.parameters()]
+    optimizer = torch.optim.SGD(params, lr=0.005)
+    mask = torch.ones(length, length, dtype=torch.bool).tril()
+    mask[5] = False
+    if fixed:
+        mask = torch.zeros(length, length).masked_fill(~mask, -1e9)
+    valid = torch.arange(length) < 5
+    for step in range(steps):
+        h = functional.scaled_dot_product_attention(q1(x), k1(x), v1(x), attn_mask=mask)
+        out = functional.scaled_dot_product_attention(q2(h), k2(memory), v2(memory))
+        loss = (out - target)[:, :, valid].pow(2).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        if step >= skipped:
+            optimizer.step()
+    return loss.item(), torch.cat([p.detach().flatten() for p in params])
+
+
+def test_a_cross_attention_over_a_fully_masked_row_is_repaired_like_the_fill():
+    """The NaN row is the cross-attention's query (issue 49, a hostile review): its key
+    projection's gradient is recomputed with that row as 0 (it was 0 x NaN everywhere,
+    then masked: no gradient at all). Like the -1e9 fill where this torch makes the NaN;
+    silent and unchanged where it does not (2.5 and newer)."""
+    plain = cross_attention()
+    result, events = guarded(cross_attention)
+    if plain[0] == plain[0]:
+        assert not events and result[0] == plain[0] and torch.equal(result[1], plain[1])
+        return
+    assert "nonfinite_repaired" in actions(events)
+    reference = cross_attention(fixed=True, skipped=2)
     assert (result[1] - reference[1]).abs().max() < 1e-5

@@ -274,13 +274,18 @@ def _make_finder(torch: Any) -> type:
 
 
 def _stepping(torch: Any, frame: Any) -> bool:
-    """An optimizer's ``step`` is on the stack: its update, not the forward pass (observe
-    lets a non-finite gradient through; the update is not where the value was made)."""
+    """The op is an optimizer's update: the nearest ``Optimizer.step`` on the stack called
+    it through torch's code and the optimizer's own file only (observe lets a non-finite
+    gradient through; the update is not where the value was made). A closure's forward
+    pass, which ``step`` calls through the user's code, is watched."""
+    torch_dir = os.path.dirname(torch.__file__ or "") + os.sep
+    between: list[str] = []
     while frame is not None:
-        if frame.f_code.co_name == "step":
-            owner = frame.f_locals.get("self")
-            if isinstance(owner, torch.optim.Optimizer):
-                return True
+        code = frame.f_code
+        if code.co_name == "step" and isinstance(frame.f_locals.get("self"), torch.optim.Optimizer):
+            home = code.co_filename
+            return all(f.startswith((torch_dir, _OWN)) or f == home for f in between)
+        between.append(code.co_filename)
         frame = frame.f_back
     return False
 

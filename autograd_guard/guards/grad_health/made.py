@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 
 _INPUTS = {"_saved_self": 0, "_saved_other": 1}  # a saved input, and its place in next_functions
 _BACKWARD = re.compile(r"Backward\d*$")
-_WORDS = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")  # where a CamelCase word begins
+# where a CamelCase word begins: after a lower-case letter, or an upper-case letter that
+# ends an acronym ("MaxPool2DWithIndices" -> max_pool2d_with_indices, "Im2Col" -> im2col)
+_WORDS = re.compile(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 LEAF = "a leaf (weights or inputs)"
 
 

@@ -31,6 +31,7 @@ FALL = 1e-3  # the least relative fall of the loss that counts as training
 LOSS = "the loss has not fallen"
 STUCK = "the parameters behind it have not moved"
 REST = 20  # passes in a row that changed nothing, after which the repair stands down
+RISING = 0.7  # the trend of a rising loss (Kendall's tau; flat noise: ~1e-5 to reach it)
 
 
 class _Pass:
@@ -54,6 +55,8 @@ class Repairer:
         self.judged = False  # the stall check has been made
         self.last: float | None = None  # the loss of the latest mended pass
         self.above = 0  # mended passes in a row whose loss was above the first's
+        self.recent: collections.deque[float] = collections.deque(maxlen=64)  # their losses
+        self.worse_said = False
         self.site = "-"  # the step where repair began
         self.behind: list[tuple[Any, Any]] = []  # (weak ref of a parameter, its sum then)
         self.armed = False
@@ -142,6 +145,7 @@ class Repairer:
                 self.best = value if self.best is None else min(self.best, value)
                 self.last = value
                 self.above = self.above + 1 if value > self.first + FALL * abs(self.first) else 0
+                self.recent.append(value)
 
     def watch(self, behind: list[Any]) -> None:
         """The parameters behind the repaired nodes (weak refs), each with a sum of its
@@ -151,9 +155,17 @@ class Repairer:
             self.behind = [(ref, p.detach().sum()) for ref in behind if (p := ref()) is not None]
 
     def worse(self, steps: int) -> bool:
-        """The loss of the last ``steps`` mended passes, each, was above the loss when the
-        repair began (where skipping would have kept the weights)."""
-        return bool(steps) and self.above >= steps
+        """Once: the loss of each of the last ``max(steps, 12)`` mended passes was above
+        the loss where the repair began (where skipping would have kept the weights), and
+        it rises through them (Kendall's tau of the losses against their order at least
+        ``RISING``: a noisy but flat loss, above an unusually easy first batch, is not)."""
+        count = max(steps, 12)
+        if self.worse_said or not steps or self.above < count or len(self.recent) < count:
+            return False
+        window = list(self.recent)[-count:]
+        order = sum((b > a) - (b < a) for i, a in enumerate(window) for b in window[i + 1 :])
+        self.worse_said = order >= RISING * count * (count - 1) / 2
+        return self.worse_said
 
     def stalled(self, steps: int) -> str | None:
         """Judged once, after ``steps`` mended passes: what has not moved (one read)."""

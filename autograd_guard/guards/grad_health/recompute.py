@@ -14,10 +14,12 @@ before the op gives.
   ``norm_first``);
 - ``mul`` with broadcasting (``x * rsqrt(mean(x**2))``, RMSNorm as torch composes it, a
   weight shared by every row);
-- ``scaled_dot_product_attention``'s fused CPU kernel (torch 2.2 to 2.4 make a fully
+- ``scaled_dot_product_attention``'s fused CPU kernels (torch 2.2 to 2.4 make a fully
   masked row NaN there; ``nn.MultiheadAttention`` with ``need_weights=False`` and
-  ``nn.TransformerEncoderLayer`` call it): recomputed by its definition with a fully
-  masked row's weights as 0, without dropout only. The CUDA kernels' nodes are not.
+  ``nn.TransformerEncoderLayer`` call it; torch 2.1's unmasked CPU flash attention, a
+  cross-attention whose query holds such a row): recomputed by its definition with the
+  saved non-finite rows as 0 and a fully masked row's weights as 0, without dropout only.
+  The CUDA kernels' nodes are not.
 
 Each returns the node's gradients, where the gate (the loss is finite) allows it; the
 caller then masks what is still non-finite.
@@ -145,10 +147,12 @@ def _mul(torch: Any, node: Any, grads: Any, grad: Any) -> Any:
 
 
 def _attention_plain(node: Any, grads: Any) -> bool:
-    """A fused attention without dropout, with as many key as query heads, whose mask
-    (if any) takes no gradient."""
+    """A fused attention on the CPU, without dropout, with as many key as query heads,
+    whose mask (if any) takes no gradient."""
     query, key = _saved(node, "_saved_query"), _saved(node, "_saved_key")
     if len(grads) != 3 or query is None or key is None or query.dim() < 2:
+        return False
+    if query.device.type != "cpu" or not query.is_floating_point():
         return False
     return not _saved(node, "_saved_dropout_p") and query.shape[:-2] == key.shape[:-2]
 
@@ -157,7 +161,9 @@ def _attention(torch: Any, node: Any, grads: Any, grad: Any) -> Any:
     """softmax(q k^T * scale + mask) v's gradients from the saved inputs, written out (no
     backward pass of its own), with a row that the masks mask fully given weights 0 (its
     cotangent is 0)."""
-    q, k, v = (node._saved_query.detach(), node._saved_key.detach(), node._saved_value.detach())
+    # a NaN row of the query (a cross-attention over a fully masked row) or of a key the
+    # masks leave out: 0, as the loss's 0 cotangent makes its share
+    q, k, v = (zeroed(torch, t) for t in (node._saved_query, node._saved_key, node._saved_value))
     mask, causal = _saved(node, "_saved_attn_mask"), _saved(node, "_saved_is_causal")
     scale = _saved(node, "_saved_scale") or q.shape[-1] ** -0.5
     scores = (q @ k.transpose(-2, -1)) * scale
@@ -182,4 +188,6 @@ RECOMPUTED: dict[str, Recompute] = {
     "NativeLayerNormBackward0": ((lambda node, grads: len(grads) == 3), _layer_norm),
     "MulBackward0": (_broadcast, _mul),
     "ScaledDotProductFlashAttentionForCpuBackward0": (_attention_plain, _attention),
+    # torch 2.1's CPU flash attention (no mask) is named as CUDA's: recomputed on the CPU only
+    "ScaledDotProductFlashAttentionBackward0": (_attention_plain, _attention),
 }

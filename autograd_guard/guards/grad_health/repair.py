@@ -18,9 +18,11 @@ device, with no host read: whether a pass changed a value, and its loss, are rea
 they are ready (``PendingFlag``), never by waiting. A repair that has run ``stall_steps``
 steps without the loss falling has stalled: it is said as ``training_stalled``, and it
 stops (later such steps are skipped again). A repair whose loss rises back above its value
-when the repair began, and stays there for ``stall_steps`` mended steps, makes the run
-worse than skipping would have (skipping keeps the weights where they were): said as
-``repair_worse``, and it stops too. A repair that has changed nothing for 20
+when the repair began, stays there for ``stall_steps`` (at least 12) mended passes and
+rises through them, is
+making the run worse than skipping would have (skipping keeps the weights where they
+were), unless the loss itself changed: said once as ``repair_worse`` (a warning), and the
+repair goes on. A repair that has changed nothing for 20
 passes in a row stands down (the run has left the singular point; should it come back,
 it is found and confirmed again). observe's ``nonfinite_gradient`` says what fix would
 do.
@@ -48,9 +50,10 @@ RECURS = 3  # non-finite steps in a row of one optimizer, the last repaired
 REPAIRED = (
     "from step {step} on, the non-finite gradient that {op} (the backward of the forward "
     "operation on line {line}) made in {passes} backward passes in a row is repaired at "
-    "that op: its non-finite outputs are set to 0 (the limit torch.where or clamp on a "
-    "safe input would give) and the step runs. The gradient was changed: it is not the "
-    "derivative at that point"
+    "that op: its non-finite outputs are set to 0 (a node that sums over a forward value "
+    "the loss left out is computed again with that value as 0): the limit torch.where or "
+    "clamp on a safe input would give, and the step runs. The gradient was changed: it is "
+    "not the derivative at that point"
 )
 WOULD_FIX = (
     "skip it, and once the same backward op makes such values again, set them to 0 there "
@@ -66,15 +69,17 @@ STALLED = (
     "(such steps are skipped again)"
 )
 WORSE = (
-    "{steps} optimizer steps in a row ran with {op}'s gradient repaired and a loss above "
-    "{first:.4g}, the loss when the repair began (the latest: {last:.4g}): skipping them "
-    "would have kept the weights where they were then. The repaired gradient makes the run "
-    "worse than skipping: 0 is not the right limit there; repair stopped (such steps are "
-    "skipped again)"
+    "the loss of the last {steps} repaired backward passes stayed above {first:.4g}, its "
+    "value where the repair of {op} began, and rose through them (the latest: {last:.4g}): "
+    "skipping "
+    "those steps would have kept the weights where they were then. Unless the loss itself "
+    "changed (a schedule, a harder data stream), the repaired gradient makes the run worse "
+    "than skipping would: 0 may not be the right limit there. The repair goes on"
 )
 WORSE_REMEDY = (
-    "make that op safe for gradients with its true limit (a function-level backward, "
-    "torch.where on a safe input, a Taylor branch), or keep the run away from that point"
+    'nonfinite_fix = "skip" skips such steps instead; or make that op safe for gradients '
+    "with its true limit (a function-level backward, torch.where on a safe input, a Taylor "
+    "branch), or keep the run away from that point"
 )
 STUCK = (
     "{steps} optimizer steps ran with {op}'s gradient repaired and the parameters behind it "
@@ -177,14 +182,12 @@ class Repair:
         say_stall(self._voice, event, site, repairer.repaired, REPAIR_REMEDY)
 
     def _worse(self, repairer: Repairer, steps: int) -> None:
-        """The loss has risen back above where the repair began and stayed there: the
-        repair stops, and says so."""
-        repairer.disarm()
-        self._stopped = True
+        """The loss has risen back above where the repair began and goes on rising: said
+        once (a warning; the loss may have changed by itself)."""
         op = ", ".join(sorted({key[0] for key in repairer.keys}))
         first, last = repairer.first or 0.0, repairer.last or 0.0
         self._voice.emit(
-            WORSE.format(steps=steps, op=op, first=first, last=last),
+            WORSE.format(steps=max(steps, 12), op=op, first=first, last=last),
             action="repair_worse",
             callsite=repairer.site,
             remedy=WORSE_REMEDY,
@@ -208,8 +211,8 @@ class Repair:
         if repairer.repaired:
             ops = sorted({key[0] for key in repairer.keys})
             self._voice.emit(
-                f"{repairer.repaired} optimizer steps ran with a repaired gradient (the "
-                f"non-finite outputs of {', '.join(ops)} set to 0)",
+                f"{repairer.repaired} optimizer steps ran with a gradient repaired at "
+                f"{', '.join(ops)}",
                 action="steps_repaired",
                 callsite=repairer.site,
                 remedy=REPAIR_REMEDY,
