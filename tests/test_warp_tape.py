@@ -574,3 +574,38 @@ def test_a_commands_replay_is_seen_where_warp_keeps_its_arrays(tmp_path, warp_ca
         return
     assert fixed["grad"] == REFERENCE and fixed["y"] == unguarded["y"]
     assert fixed["events"] == ["Launch.launch() of predict (parameter 'y')"]
+
+
+# With wp.launch's prelude, Tape.__enter__ is Warp's own (unwrapped): the prelude sees a
+# recording through Warp's runtime.tape, however it was begun (here: set by hand).
+BY_HAND = (
+    PREAMBLE
+    + KERNELS
+    + ARRAYS
+    + """
+import types
+context = wp._src.context if hasattr(wp, "_src") else wp.context
+xv = arr([10.0, 20.0, 30.0])
+tape = wp.Tape()
+with capture_events() as events:
+    context.runtime.tape = tape  # a recording begun without Tape.__enter__
+    wp.launch(predict, 3, inputs=[w, x], outputs=[y])
+    wp.launch(sq_loss, 3, inputs=[y, t], outputs=[loss])
+    context.runtime.tape = None
+    wp.launch(predict, 3, inputs=[w, xv], outputs=[y])  # overwrites what sq_loss read
+    tape.backward(loss)
+print(json.dumps({"grad": w.grad.numpy().tolist(), "events": [e["action"] for e in events],
+                  "enter": type(wp.Tape.__enter__) is types.FunctionType}))
+"""
+)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_recording_begun_without_enter_is_watched_and_enter_is_warps_own(
+    tmp_path, warp_cache, version
+):
+    unguarded = run(version, None, tmp_path, warp_cache, script=BY_HAND)
+    assert unguarded["grad"] != REFERENCE and unguarded["events"] == []
+    policy = {"mode": "fix", "disable": ["warp_torch_args"]}  # see the prelude test
+    fixed = run(version, policy, tmp_path, warp_cache, script=BY_HAND)
+    assert fixed == {"grad": REFERENCE, "events": ["overwritten"], "enter": True}

@@ -77,3 +77,27 @@ def test_a_statement_that_adds_a_local_changes_nothing(library):
     original = library.launch.__code__
     assert prelude.install(library.launch, "HOOK", [], "extra = HOOK[0](kernel)") is None
     assert library.launch.__code__ is original and not hasattr(library, "HOOK")
+
+
+def test_a_condition_on_the_module_s_globals_and_a_hook_of_its_own_name(library):
+    """warp_tape's form: the statement runs while the switch (a list) is on or a module
+    global says so, and calls a hook held under a name of its own; undo removes both."""
+    switch: list = []
+    seen = []
+    original = library.launch.__code__
+    condition = "SWITCH or adjoint and os.sep is not None"
+    hook = {"HOOKED": lambda kernel, inputs: seen.append(kernel) or inputs}
+    assert (
+        prelude.install(
+            library.launch, "SWITCH", switch, "inputs = HOOKED(kernel, inputs)", condition, hook
+        )
+        is original
+    )
+    library.launch("off")
+    library.launch("by the condition", adjoint=True)
+    switch.append(True)
+    library.launch("by the switch")
+    assert seen == ["by the condition", "by the switch"]
+    prelude.undo(library.launch, original, "SWITCH", ("HOOKED",))
+    assert not hasattr(library, "SWITCH") and not hasattr(library, "HOOKED")
+    assert library.launch.__code__ is original

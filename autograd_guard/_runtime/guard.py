@@ -126,7 +126,8 @@ class Guard(Interventions):
 
     def _prelude(self, module: ModuleType, target: Target) -> bool:
         """Instead of a wrapper: the guard compiled its check into ``target`` itself (no
-        frame of its own); True where it did (``_detach`` undoes it), False to wrap."""
+        frame of its own), or into the library function that makes ``target``'s wrapper
+        unneeded; True where it did (``_detach`` undoes it), False to wrap."""
         return False
 
     def _check_for(self, target: Target) -> Check:
@@ -195,7 +196,7 @@ class Guard(Interventions):
             if target is None:
                 self.set_state("hooked", f"into {module.__name__}")
             elif self.prelude(module, target):
-                self.set_state("patched", f"{target}: a prelude compiled into it")
+                self.set_state("patched", f"{target}: no wrapper (a prelude compiled into it)")
                 self.places.append(str(target))
             else:
                 self._wrap(module, target, late)

@@ -39,14 +39,19 @@ before Warp 1.16 (it keeps only packed parameters), and a CUDA graph replay
 neither copies nor reports).
 
 Cost: ``wp.launch`` is not wrapped: its own code is compiled anew from Warp's source with
-one statement first, which calls the guard while it is switched on (``.prelude``, verified
-against the loaded code; the wrapper where that fails). No frame of the guard's comes
-between the caller and Warp: its record of the caller, tracebacks and ``tape.launches``
-are as unguarded. While no tape records and none keeps reads, the switch is off
-(``.switch``): ``wp.launch`` pays a global's truth test, ``wp.copy`` wrapt's C-level call,
-array methods ~1 us more (binding through the proxy). Not seen: a recording started without
-``Tape.__enter__`` (``runtime.tape`` set by hand, a subclass whose ``__enter__`` skips
-``super()``). Rebinding the functions at ``__enter__`` would miss earlier references.
+one statement first, which calls the guard while it is switched on or a tape records
+(Warp's own ``runtime.tape``; ``.prelude``, verified against the loaded code; the wrapper
+where that fails). No frame of the guard's comes between the caller and Warp: its record
+of the caller, tracebacks and ``tape.launches`` are as unguarded. With the prelude,
+``Tape.__enter__`` is not wrapped (the prelude sees a recording for itself, however it was
+started), nor is ``Tape.__exit__`` where no other guard's wrapper calls ``wp.launch`` (Warp
+1.6 and newer); a recorded launch that overwrites nothing runs the guard's check in one
+frame. While no tape records and none keeps reads, the switch is off (``.switch``):
+``wp.launch`` pays the statement's test (a global, ``runtime.tape``), ``wp.copy`` wrapt's
+C-level call, array methods ~1 us more (binding through the proxy). Where ``wp.launch`` is
+wrapped, a recording started without ``Tape.__enter__`` (``runtime.tape`` set by hand, a
+subclass whose ``__enter__`` skips ``super()``) is not seen. Rebinding the functions at
+``__enter__`` would miss earlier references.
 """
 
 from __future__ import annotations
@@ -96,8 +101,14 @@ class WarpTape(_launch.Launches, Guard):
         # 1.9 and in warp._src.types since, and the shim warp.types no longer exports it
         *(_watch("warp", f"array.{name}", "_write_check", "_write") for name in ARRAY_WRITES),
         *(_watch(m, f"Tape.{name}", "_tape_check", f"_{name}") for m in TAPES for name in ENDS),
-        # a recording starts and ends: the targets above are switched on and off
-        *(Target(m, f"Tape.{name}", handle=f"_{name[2:-2]}") for m in TAPES for name in SCOPE),
+        # a recording starts and ends: where wp.launch is wrapped (its prelude could not be
+        # compiled), the targets above are switched on and off; with the prelude, only a
+        # launch's record of its caller may be due for mending at the end
+        *(
+            Target(m, f"Tape.{name}", check=f"_{name[2:-2]}_check", handle=f"_{name[2:-2]}")
+            for m in TAPES
+            for name in SCOPE
+        ),
     )
 
     def __init__(self, *args: Any) -> None:
@@ -110,6 +121,7 @@ class WarpTape(_launch.Launches, Guard):
         self._busy = False  # the guard's own copies
         self._compiled: tuple[Any, Any] | None = None  # see .launch
         self._mending: list[Any] = []  # see .launch (_mend)
+        self._wrapped_launch = True  # see .launch (until wp.launch has its prelude)
         # what each kernel reads and writes (see .access); Warp's modules keep their kernels
         # alive too (a dict: a weak one costs ~0.2 us more a launch)
         self._kernels: dict[Any, tuple[Any, Any]] = {}
@@ -129,6 +141,12 @@ class WarpTape(_launch.Launches, Guard):
         self._detach_prelude()
 
     # -- a recording's scope: the switch (see .switch) ------------------------------------
+    def _enter_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        return self._compiled is None  # the wrapper's switch; the prelude sees runtime.tape
+
+    def _exit_check(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        return self._compiled is None or bool(self._mending) or bool(self._switch.recording)
+
     def _enter(self, call: Call) -> Any:
         result = call.proceed()  # Warp refuses a second tape: nothing is counted then
         self._switch.entered()
@@ -143,7 +161,12 @@ class WarpTape(_launch.Launches, Guard):
             self._settle()
 
     def _settle(self) -> None:
-        self._switch.settle(not self._live and self._replay is None)
+        self._switch.settle(self._idle)
+
+    def _idle(self) -> bool:
+        """No tape keeps reads, no ``backward()`` is being fixed (read under the switch's
+        lock, which a tape's first recorded launch takes to keep its reads)."""
+        return not self._live and self._replay is None
 
     # -- wp.launch: see .launch -------------------------------------------------------
 
@@ -154,9 +177,7 @@ class WarpTape(_launch.Launches, Guard):
             # a tape dropped without backward() drops its reads: the callback holds the
             # key, not the reads (which hold the reference: no cycle keeps their copies)
             reads = self._tapes[key] = _reads.TapeReads(tape, lambda _: self._gone(key))
-        if reads in self._live:
-            self._live.remove(reads)
-        self._live.append(reads)  # the recording one last
+        self._switch.keep(self._live, reads)  # the recording one last; on: writes are seen
         return reads
 
     # -- the other writes ------------------------------------------------------------------

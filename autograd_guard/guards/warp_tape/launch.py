@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import sys
 
+from autograd_guard._common import versions as _versions
 from autograd_guard.guards.warp_tape import access as _access
 from autograd_guard.guards.warp_tape import prelude as _prelude
 from autograd_guard.guards.warp_tape import reads as _reads
+from autograd_guard.guards.warp_tape.reads import OWN
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,9 +28,16 @@ if TYPE_CHECKING:
 # Positions in wp.launch(kernel, dim, inputs, outputs, adj_inputs, adj_outputs, device, stream,
 # adjoint, record_tape, record_cmd, ...) and wp.copy(dest, src, ...), the same in 1.0 to 1.19.
 INPUTS, OUTPUTS, ADJOINT, RECORD_TAPE, RECORD_CMD = 2, 3, 8, 9, 10
-# wp.launch's prelude (see .prelude): the global it tests, and its statement.
+# Warp releases where another guard's wrapper calls wp.launch (warp_torch_args's range):
+# Warp records that wrapper's frame as a launch's caller, mended at the recording's end
+WRAPPED_LAUNCH = ">=1.3.0,<1.6.0"
+# wp.launch's prelude (see .prelude): the switch it tests (a list: on while the guard keeps
+# reads), the hook it calls, and its statement, which also runs while a tape records
+# (Warp's own module global `runtime`, whose `tape` records: no wrapper on Tape.__enter__)
 NAME = "__autograd_guard_warp_tape__"
-CALL = f"inputs = {NAME}[0](kernel, inputs, outputs, adjoint, record_tape, record_cmd)"
+HOOK = "__autograd_guard_warp_tape_hook__"
+CONDITION = f"{NAME} or record_tape and runtime is not None and runtime.tape is not None"
+CALL = f"inputs = {HOOK}(kernel, inputs, outputs, adjoint, record_tape, record_cmd)"
 
 
 class Launches:
@@ -43,7 +52,10 @@ class Launches:
     _wanted: list[Any]
     _mending: list[tuple[Any, int, dict[str, Any]]]  # launches whose recorded caller to mend
     _compiled: tuple[Any, CodeType] | None  # wp.launch with its prelude, its own code
+    _switch: Any  # .switch.Switch
+    _wrapped_launch: bool  # another guard's wrapper may call wp.launch (Warp 1.3 to 1.5)
     active: bool
+    version: str | None
 
     if TYPE_CHECKING:  # the guard's own, in its module
 
@@ -56,25 +68,99 @@ class Launches:
     # -- wp.launch with a prelude: no wrapper, no frame of ours ----------------------------
 
     def _prelude(self, module: ModuleType, target: Target) -> bool:
+        if target.qualname.startswith("Tape.__"):
+            return self._scope_unwrapped(target.qualname)
         if target.qualname != "launch":
             return False
         launch = getattr(module, "launch", None)
         if self._compiled is not None:
             return launch is self._compiled[0]  # another module's name for it
-        original = _prelude.install(launch, NAME, self._wanted, CALL) if launch else None
+        original = (
+            _prelude.install(
+                launch, NAME, self._wanted, CALL, CONDITION, {HOOK: self._launch_prelude}
+            )
+            if launch
+            else None
+        )
         if original is not None:
             self._compiled = (launch, original)
+            self._switch.uncounted()  # the prelude sees a recording for itself
+            # another guard's wrapper may call wp.launch: its caller is looked for
+            self._wrapped_launch = _versions.is_affected(self.version, WRAPPED_LAUNCH)
         return original is not None
+
+    def _scope_unwrapped(self, qualname: str) -> bool:
+        """Whether a tape's ``__enter__``/``__exit__`` goes unwrapped: where wp.launch has
+        its prelude (which sees ``runtime.tape`` itself), and, for ``__exit__``, no other
+        guard's wrapper calls wp.launch (whose record of the caller is mended there). Their
+        method proxies cost ~13 us a tape under load: more than a launch's own check."""
+        if self._compiled is None:
+            return False
+        return qualname.endswith("__enter__") or not self._wrapped_launch
 
     def _detach_prelude(self) -> None:
         if self._compiled is not None:
-            _prelude.undo(self._compiled[0], self._compiled[1], NAME)
+            _prelude.undo(self._compiled[0], self._compiled[1], NAME, (HOOK,))
             self._compiled = None
 
     def _launch_prelude(
         self, kernel: Any, inputs: Any, outputs: Any, adjoint: Any, record: Any, command: Any
     ) -> Any:
-        """Run first in wp.launch, while the switch is on: the inputs it is to use."""
+        """Run first in wp.launch, while the switch is on or a tape records: the inputs it
+        is to use. The common case (a recorded launch that overwrites nothing a recorded
+        launch read, called by the user's code) in this one frame: its reads noted."""
+        if self._busy or adjoint or command or self._mending or self._replay is not None:
+            frame = sys._getframe(1).f_back
+            return self._launch_rare(kernel, inputs, outputs, adjoint, record, command, frame)
+        if not self.active:
+            return inputs
+        try:
+            runtime = self._context.runtime
+            tape: Any = runtime.tape if record and runtime is not None else None
+            live = self._live
+            frame = sys._getframe(2)  # the frame that called wp.launch
+            if tape is None or (self._wrapped_launch and frame.f_code.co_filename.startswith(OWN)):
+                if tape is not None or live:
+                    self._rare_launch(kernel, inputs, outputs, tape, frame)
+                return inputs
+            read, written = self._kernels.get(kernel) or self._access(kernel)
+            count = len(inputs) if inputs else 0
+            for position in written:  # loops, not any(): a generator costs more here
+                if position < count:
+                    key = id(inputs[position])
+                    for reads in live:
+                        if key in reads.fresh:  # a copy is due: the full path
+                            self._launching(kernel, inputs, outputs, tape, frame)
+                            return inputs
+            for value in outputs or ():
+                key = id(value)
+                for reads in live:
+                    if key in reads.fresh:
+                        self._launching(kernel, inputs, outputs, tape, frame)
+                        return inputs
+            if count:  # its reads noted
+                noting = live[-1] if live else None
+                if noting is None or noting.tape() is not tape:
+                    noting = self._reads_of(tape)
+                site = (frame.f_code, frame.f_lasti)
+                noting.note(len(tape.launches), inputs, self._array, site, read)
+        except Exception as exc:  # fail open: the launch runs as it was called
+            self.fail("remedy", exc)
+        return inputs
+
+    def _launch_rare(
+        self,
+        kernel: Any,
+        inputs: Any,
+        outputs: Any,
+        adjoint: Any,
+        record: Any,
+        command: Any,
+        frame: FrameType | None,
+    ) -> Any:
+        """The prelude's other cases: the guard's own copies, an adjoint (given the copies
+        in a backward() being fixed), a Launch object made for later, a caller's record
+        due for mending."""
         if self._busy or not self.active:
             return inputs
         try:
@@ -87,15 +173,22 @@ class Launches:
             runtime = self._context.runtime
             tape = runtime.tape if record and runtime is not None else None
             if tape is not None or self._live:
-                frame = sys._getframe(2)  # the frame that called wp.launch
-                if tape is not None and frame.f_code.co_filename.startswith(_reads.OWN):
-                    # another guard's wrapper (warp_torch_args): Warp records its frame
-                    caller = _reads.caller_record(frame)  # its line now, not at the mend
-                    self._mending.append((tape, len(tape.launches), caller))
-                self._launching(kernel, inputs, outputs, tape, frame)
+                self._rare_launch(kernel, inputs, outputs, tape, frame)
         except Exception as exc:  # fail open: the launch runs as it was called
             self.fail("remedy", exc)
         return inputs
+
+    def _rare_launch(
+        self, kernel: Any, inputs: Any, outputs: Any, tape: Any, frame: FrameType | None
+    ) -> None:
+        """A launch that is unrecorded, or called by another guard's wrapper (Warp records
+        that wrapper's frame: mended at the next launch or the recording's end)."""
+        if frame is None:
+            return
+        if tape is not None and frame.f_code.co_filename.startswith(OWN):
+            caller = _reads.caller_record(frame)  # its line now, not at the mend
+            self._mending.append((tape, len(tape.launches), caller))
+        self._launching(kernel, inputs, outputs, tape, frame)
 
     def _mend(self) -> None:
         """Warp's record of a launch's caller, where another guard's wrapper called it:

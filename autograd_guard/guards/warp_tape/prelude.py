@@ -1,12 +1,14 @@
 """A check compiled into a library function itself, in place of a wrapper: its
 ``__code__`` rebuilt from the library's own source with one statement first::
 
-    if NAME:
-        inputs = NAME[0](kernel, inputs, outputs, adjoint, record_tape, record_cmd)
+    if NAME or record_tape and runtime is not None and runtime.tape is not None:
+        inputs = HOOK(kernel, inputs, outputs, adjoint, record_tape, record_cmd)
 
-``NAME`` is a list put in the function's module globals: empty, the statement costs a
-global lookup and a truth test; holding the guard's hook, the hook runs in the function's
-own frame's call, with no frame of ours between the caller and the library. So Warp's
+(``warp_tape``'s: a condition of the function's parameters and its module's globals.)
+``NAME`` (a list, the guard's switch) and ``HOOK`` are put in the function's module
+globals: with the switch off and no tape recording, the statement costs a few global and
+attribute reads; otherwise the hook runs in the function's own frame's call, with no frame
+of ours between the caller and the library. So Warp's
 record of a launch's caller, tracebacks and everything that reads the stack are as
 unguarded. The same file name and line numbers: the new statement takes the line of the
 first statement of the body, after the docstring.
@@ -15,7 +17,7 @@ It is used only where compiling the unmodified source gives back the loaded code
 (its bytecode, constants, names and line table): a source file edited since the import, a
 decorated or nested function, or a Python whose compiler differs from the one that made
 the loaded code gets the wrapper instead. ``undo`` puts the original code back and
-removes ``NAME``. (ddtrace's dynamic instrumentation injects hooks into live functions'
+removes the names. (ddtrace's dynamic instrumentation injects hooks into live functions'
 bytecode for the same reason: no frame of its own.)
 """
 
@@ -49,33 +51,44 @@ SAME = (
 
 
 def install(
-    function: Callable[..., Any], name: str, hook: list[Any], call: str
+    function: Callable[..., Any],
+    name: str,
+    hook: Any,
+    call: str,
+    condition: str | None = None,
+    more: dict[str, Any] | None = None,
 ) -> types.CodeType | None:
-    """Compile ``if name: <call>`` (a statement of the function's parameters) first into
-    ``function``, whose globals get ``name = hook``; its original code (for ``undo``).
-    None, with nothing changed, where the source does not give back the loaded code."""
+    """Compile ``if <condition>: <call>`` (``condition``: ``name`` where None; a statement
+    of the function's parameters and globals) first into ``function``, whose globals get
+    ``name = hook`` and ``more``; its original code (for ``undo``). None, with nothing
+    changed, where the source does not give back the loaded code."""
     code = function.__code__
-    if name in function.__globals__:
+    names = {name: hook, **(more or {})}
+    if any(n in function.__globals__ for n in names):
         return None  # one prelude per name: another guard's (or an earlier install's)
     source = _source(function)
     built = _compile(code, source, None)
     if built is None or not _same(built, code):
         return None
-    prelude = _compile(code, source, ast.parse(f"if {name}:\n    {call}\n").body[0])
+    statement = ast.parse(f"if {condition or name}:\n    {call}\n").body[0]
+    prelude = _compile(code, source, statement)
     if prelude is None or any(
         getattr(prelude, a) != getattr(code, a)
         for a in ("co_varnames", "co_freevars", "co_cellvars", "co_firstlineno")
     ):
         return None  # the statement must name only parameters, and the function keeps its own
-    function.__globals__[name] = hook
+    function.__globals__.update(names)
     function.__code__ = prelude
     return code
 
 
-def undo(function: Callable[..., Any], original: types.CodeType, name: str) -> None:
-    """The original code back, then ``name`` out of its globals."""
+def undo(
+    function: Callable[..., Any], original: types.CodeType, name: str, more: tuple[str, ...] = ()
+) -> None:
+    """The original code back, then ``name`` (and ``more``) out of its globals."""
     function.__code__ = original
-    function.__globals__.pop(name, None)
+    for each in (name, *more):
+        function.__globals__.pop(each, None)
 
 
 def _source(function: Callable[..., Any]) -> str | None:
