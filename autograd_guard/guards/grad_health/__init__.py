@@ -149,7 +149,7 @@ class GradHealth(Guard):
         zero = ZeroWatch(voice, sites)
         nonfinite = NonFinite(voice, sites, localiser, strict, repair)
         finite = FiniteCheck()
-        together = Together(voice, sites, finite, zero, nonfinite)
+        together = Together(voice, sites, finite, zero, nonfinite, hooks)
         parts = Parts(finite, usage, together, repair, zero, nonfinite, strict, localiser)
         self._flow = StepFlow(voice, hooks, sites, parts)
 

@@ -16,9 +16,12 @@ old channel lets the destroyed group and its store go with it): it is not
 registered with ``torch.distributed`` (the user's group names and counters are as
 unguarded), and nothing else sends on it. Each rank's entry carries the optimizer's step
 count, so ranks out of step (a rank that skipped or repeated a step by its own code) are
-noticed. A channel that times out (``exchange_timeout``), fails (a rank gone) or finds the
-ranks out of step is closed for good: every later step decides on its own rank's
-gradients, and the guard says so once.
+noticed. A channel that times out (``exchange_timeout``, at most half the shortest
+timeout of the user's process groups that the model uses, the default one included: the
+user's own collectives never time out behind the guard's wait), fails (a rank gone) or
+finds the ranks out of step is closed for good: every later step decides on its own rank's
+gradients, and the guard says so once. A rank that left a step without its word posts so
+in the exchange (``skips``): the others do not wait for it.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class Channel:
         self.me = ranks.index(dist.get_rank())
         self.closed: str | None = None  # why it closed; said once
         self.said = False
-        self._timeout = timedelta(seconds=timeout)
+        self.timeout = timedelta(seconds=timeout)
         self._dist = dist
         self._group: Any = None
         # the store outlives a destroyed group (torchrun's agent store): the keys of each
@@ -58,7 +61,7 @@ class Channel:
         if self._group is None:
             dist = self._dist
             store = dist.PrefixStore(self._prefix, dist.distributed_c10d._get_default_store())
-            self._group = dist.ProcessGroupGloo(store, self.me, len(self.ranks), self._timeout)
+            self._group = dist.ProcessGroupGloo(store, self.me, len(self.ranks), self.timeout)
         return self._group
 
     def all_reduce(self, values: Any) -> Any:
@@ -66,7 +69,9 @@ class Channel:
         if self.closed is not None:
             raise ChannelClosed(self.closed)
         try:
-            self._pg().allreduce([values]).wait()
+            options = self._dist.AllreduceOptions()
+            options.timeout = self.timeout  # a later optimizer's groups may be shorter
+            self._pg().allreduce([values], options).wait()
         except Exception as exc:  # a timeout, a rank gone: never again on this channel
             raise self.close(
                 f"the guard's exchange with ranks {', '.join(map(str, self.ranks))} failed "
@@ -126,7 +131,9 @@ def channel_for(dist: Any, ranks: list[int], timeout: float) -> Channel:
     world = dist.distributed_c10d._get_default_group()
     known = _CHANNELS.get(key)
     if known is not None and known[0]() is world:
-        return known[1]
+        channel = known[1]
+        channel.timeout = min(channel.timeout, timedelta(seconds=timeout))
+        return channel
     generation = _GENERATIONS[key] = _GENERATIONS.get(key, -1) + 1
     channel = Channel(dist, list(ranks), timeout, generation)
     _CHANNELS[key] = (weakref.ref(world), channel)

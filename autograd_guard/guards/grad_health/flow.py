@@ -21,7 +21,7 @@ import threading
 from typing import NamedTuple
 
 from autograd_guard.errors import GuardError, Refused
-from autograd_guard.guards.grad_health import zero
+from autograd_guard.guards.grad_health import skips, zero
 from autograd_guard.guards.grad_health.check import PendingFlag
 from autograd_guard.guards.grad_health.closure import Closures
 from autograd_guard.guards.grad_health.dist import local_gradient
@@ -91,6 +91,7 @@ class StepFlow:
 
     def _close_watches(self) -> None:
         for record in self.records.all():
+            skips.remove(record)  # the model's hooks gone (a step left is told no more)
             if record.watch is not None:
                 record.watch.close()
                 record.watch = None
