@@ -205,6 +205,13 @@ def spoke(record: Record) -> None:
         record.skips.spoken = record.step
 
 
+def began(record: Record) -> None:
+    """The optimizer's step began (its backward done): until its word, a forward of the
+    model is a step this rank left."""
+    if record.skips is not None:
+        record.skips.backward = True
+
+
 def remove(record: Record) -> None:
     skips, record.skips = record.skips, None
     if skips is not None:
