@@ -45,8 +45,11 @@ class ChannelClosed(Exception):
 class Channel:
     """The guard's gloo group over ``ranks`` (global ranks, in order)."""
 
-    def __init__(self, dist: Any, ranks: list[int], timeout: float, generation: int) -> None:
+    def __init__(
+        self, dist: Any, ranks: list[int], timeout: float, generation: int, world: Any = None
+    ) -> None:
         self.ranks = ranks
+        self._world = weakref.ref(world) if world is not None else None  # the default group
         self.me = ranks.index(dist.get_rank())
         self.closed: str | None = None  # why it closed; said once
         self.said = False
@@ -68,6 +71,9 @@ class Channel:
         """``values`` summed over the ranks (a CPU float64 tensor), or ChannelClosed."""
         if self.closed is not None:
             raise ChannelClosed(self.closed)
+        if self._world is not None and not self._current():
+            self.release()  # destroy_process_group(): a rank may go on alone, as unguarded
+            raise ChannelClosed(self.closed)
         try:
             options = self._dist.AllreduceOptions()
             options.timeout = self.timeout  # a later optimizer's groups may be shorter
@@ -80,12 +86,23 @@ class Channel:
             ) from None
         return values
 
+    def _current(self) -> bool:
+        """The default group it was made over is still the default group."""
+        dist = self._dist
+        try:
+            world = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+        except Exception:  # no default group any more
+            world = None
+        return world is not None and self._world is not None and world is self._world()
+
     def release(self) -> None:
         """The default group it ran over was destroyed: its gloo group (sockets, and the
-        store with its port) is let go, and it decides no more."""
+        store with its port) is let go, and it decides no more (nothing said: the ranks
+        were told to part, by the user's own code)."""
         self._group = None
         if self.closed is None:
             self.closed = "the process group of the guard's exchange was destroyed"
+            self.said = True
 
     def close(self, why: str) -> ChannelClosed:
         self.closed = why
@@ -135,7 +152,7 @@ def channel_for(dist: Any, ranks: list[int], timeout: float) -> Channel:
         channel.timeout = min(channel.timeout, timedelta(seconds=timeout))
         return channel
     generation = _GENERATIONS[key] = _GENERATIONS.get(key, -1) + 1
-    channel = Channel(dist, list(ranks), timeout, generation)
+    channel = Channel(dist, list(ranks), timeout, generation, world)
     _CHANNELS[key] = (weakref.ref(world), channel)
     weakref.finalize(world, _release, key, channel)
     return channel
