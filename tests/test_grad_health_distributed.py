@@ -434,6 +434,18 @@ def test_observe_changes_nothing(job, scenario):
 # -- ranks out of step, a rank gone, a checkpoint after a skip ------------------------------
 
 
+def assert_each_rank_as_unguarded(plain: Run, fixed: Run) -> list[dict[str, object]]:
+    """``fixed`` ends as ``plain`` on each rank, bit for bit, step by step, no step
+    waiting (``ONE_STEP``); each rank said once that it decides alone: those events."""
+    for rank in (0, 1):
+        assert_same(fixed.ranks[rank]["history"], plain.ranks[rank]["history"], f"rank {rank}: fix")
+        slowest = max(fixed.ranks[rank]["seconds"])
+        assert slowest < ONE_STEP, f"rank {rank} waited {slowest:.1f} s in a step"
+    notices = fixed.action("ranks_out_of_step")
+    assert sorted(e["rank"] for e in notices) == [0, 1], notices
+    return notices
+
+
 def assert_alone_as_unguarded(
     plain: Run, fixed: Run, happened: list[list[str]], step: int, failed: tuple[int, ...] = ()
 ) -> None:
@@ -445,12 +457,7 @@ def assert_alone_as_unguarded(
     errors = fixed.action("guard_error")
     assert sorted(e["rank"] for e in errors) == list(failed), errors
     assert all("rank" in e for e in fixed.events), [e for e in fixed.events if "rank" not in e]
-    for rank in (0, 1):
-        assert_same(fixed.ranks[rank]["history"], plain.ranks[rank]["history"], f"rank {rank}: fix")
-        slowest = max(fixed.ranks[rank]["seconds"])
-        assert slowest < ONE_STEP, f"rank {rank} waited {slowest:.1f} s in a step"
-    notices = fixed.action("ranks_out_of_step")
-    assert sorted(e["rank"] for e in notices) == [0, 1], notices
+    notices = assert_each_rank_as_unguarded(plain, fixed)
     said = f"rank 0 at its step {step}, rank 1 left its step {step} with no word"
     assert all(said in e["event"] for e in notices), notices
     assert fixed.nonfinite() == []
@@ -690,10 +697,5 @@ def test_a_join_with_uneven_inputs_runs_as_unguarded(job):
     unguarded job does, bit for bit."""
     plain, fixed = job(JOIN, "plain"), job(JOIN, "fix")
     assert_no_guard_error(fixed)
-    for rank in (0, 1):
-        assert_same(fixed.ranks[rank]["history"], plain.ranks[rank]["history"], f"rank {rank}")
-        slowest = max(fixed.ranks[rank]["seconds"])
-        assert slowest < ONE_STEP, f"rank {rank} waited {slowest:.1f} s in a step"
-    notes = fixed.action("ranks_out_of_step")
-    assert sorted(e["rank"] for e in notes) == [0, 1], notes
+    notes = assert_each_rank_as_unguarded(plain, fixed)
     assert all(e["level"] == "info" and "Join" in e["event"] for e in notes), notes
