@@ -647,7 +647,10 @@ def test_an_optimizers_first_step_pre_hook_comes_first_and_goes_at_its_first_gat
     assert len(hooks) == 2  # the step never reached the gate
     optimizer.step()
     assert list(hooks.values()) == [user_hook] and order == ["user", "user"]
-    autograd_guard.uninstall()
+    never = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert len(never._optimizer_step_pre_hooks) == 1
+    autograd_guard.uninstall()  # an optimizer that never stepped loses it too
+    assert len(never._optimizer_step_pre_hooks) == 0
     autograd_guard.install({"mode": "observe"})
     assert len(torch.optim.SGD(model.parameters(), lr=0.1)._optimizer_step_pre_hooks) == 0
 
