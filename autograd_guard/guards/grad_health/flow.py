@@ -107,7 +107,7 @@ class StepFlow:
         if not self.active or self._voice.mode == "observe" or not self._config["nonfinite"]:
             return
         try:
-            handle = optimizer.register_step_pre_hook(self._first_step)
+            handle = optimizer.register_step_pre_hook(self._hooks.eager_method(self._first_step))
             optimizer._optimizer_step_pre_hooks.move_to_end(handle.id, last=False)
         except Exception:  # a torch without these: a first step left waits the timeout
             return
