@@ -676,3 +676,29 @@ def test_the_channel_decides_no_more_once_its_process_group_is_destroyed():
     with pytest.raises(ChannelClosed):
         channel.all_reduce(torch.ones(1, dtype=torch.float64))
     assert channel.closed is not None and channel.said  # nothing said: the user parted them
+
+
+def test_an_inner_optimizers_first_step_pre_hook_leaves_the_step_to_the_outer_one():
+    # an optimizer stepping another inside its own step (ZeRO, Lookahead): the inner one's
+    # first-step pre-hook finds nothing out (its outer step speaks for the step), so no
+    # hooks of its own watch the model
+    import gc
+
+    from autograd_guard.guards.grad_health import GradHealth
+
+    class Outer(torch.optim.Optimizer):
+        def __init__(self, params: list[torch.nn.Parameter]) -> None:
+            super().__init__(params, {"lr": 0.1})
+            self.inner = torch.optim.SGD(params, lr=0.1)
+
+        def step(self, closure: object = None) -> None:
+            self.inner.step()
+
+    autograd_guard.install({"mode": "fix"})
+    model = torch.nn.Linear(2, 1)
+    outer = Outer(list(model.parameters()))
+    model(torch.ones(1, 2)).sum().backward()
+    outer.step()
+    (guard,) = [g for g in gc.get_objects() if type(g) is GradHealth and g.active]
+    assert guard._records.find(outer).shared_known == 2
+    assert guard._records.find(outer.inner).shared_known == -1

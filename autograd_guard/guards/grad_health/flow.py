@@ -116,7 +116,10 @@ class StepFlow:
     def _first_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The first step's first pre-hook (till a gate removes it): the shared model's
         hooks come now, its backward done (a pre-hook of the user's that raises leaves
-        the step)."""
+        the step). Not for an inner optimizer of a step in progress: its outer one
+        speaks for the step."""
+        if self._stepping.__dict__.get("depth", 0):
+            return
         try:
             record = self.records.get(optimizer)
             if self.active and record.shared_known == -1:
