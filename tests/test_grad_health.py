@@ -545,3 +545,160 @@ def test_on_by_default_when_the_guard_is_on(guard_python, tmp_path):
     assert "finite True" in guarded.stdout
     assert "[grad_health/nonfinite_gradient]" in guarded.stderr
     assert "<string>:8" in guarded.stderr  # the optimizer.step() line
+
+
+# -- a shared step that one rank leaves without the guard's word (grad_health.skips) ------
+
+
+class _Channel:
+    closed = None
+
+
+class _Sharing:
+    channel = _Channel()
+
+
+class _Stage:
+    def __init__(self) -> None:
+        self.cleared = 0
+
+    def clear_runtime_states(self) -> None:
+        self.cleared += 1
+
+
+class _Post:
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def __call__(self, optimizer: object, record: object, step: int) -> None:
+        self.steps.append(step)
+
+
+def test_the_skip_watch_posts_at_a_forward_after_a_backward_with_no_word_between():
+    # grad_health.skips on a model's top module: a forward that finds a backward begun
+    # since the last word posts once, for the step left; a forward under no_grad, or
+    # without a backward before it, posts nothing; a closed channel takes the hooks away
+    from autograd_guard.guards.grad_health import skips
+    from autograd_guard.guards.grad_health.record import Record
+
+    inner = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh(), torch.nn.Linear(2, 1))
+    model = torch.nn.ModuleDict({"body": inner})  # its top module, never called
+    top = torch.nn.Sequential(inner)
+    optimizer = torch.optim.SGD(inner.parameters(), lr=0.1)
+    assert {id(m) for m in skips.top_modules(list(inner.parameters()))} == {id(model), id(top)}
+    record, post = Record(), _Post()
+    record.sharing = _Sharing()  # type: ignore[assignment]
+    skips.watch(optimizer, record, list(inner.parameters()), post, lambda f: f)
+    x = torch.ones(3, 2)
+    top(x).sum().backward()
+    record.step = 1
+    skips.spoke(record)  # step 1's exchange
+    top(x).sum().backward()
+    with torch.no_grad():
+        top(x)
+    assert post.steps == []  # a step skipped, not yet a forward with autograd
+    top(x)  # no backward of this one
+    assert post.steps == [2]  # the step left: the next one
+    top(x)
+    assert post.steps == [2]
+    top(x).sum().backward()
+    record.step = 3  # a step counted, its check failed open before the exchange
+    top(x)
+    assert post.steps == [2, 3]
+    top(x).sum().backward()
+    record.depth = 1  # a forward inside the optimizer's own step (a closure) posts nothing
+    top(x)
+    record.depth = 0
+    assert post.steps == [2, 3]
+    top(x).sum().backward()
+    stage = _Stage()  # a pipeline stage: the schedule's step clears it before it receives
+    record.skips.hook_stage(stage)
+    stage.clear_runtime_states()
+    assert post.steps == [2, 3, 4] and stage.cleared == 1
+    top(x).sum().backward()
+    record.sharing = None  # the channel closed
+    top(x)
+    assert post.steps == [2, 3, 4] and record.skips.handles == []
+    skips.remove(record)
+    assert record.skips is None and not top._forward_pre_hooks and not top._forward_hooks
+    assert "clear_runtime_states" not in vars(stage)
+
+
+def test_an_optimizers_first_step_pre_hook_comes_first_and_goes_at_its_first_gate():
+    # the guard's first-step pre-hook (finding whether the optimizer is shared before a
+    # user's pre-hook can raise) runs before the user's, stays while the step never
+    # reached the gate, and is gone after; observe sets none
+    autograd_guard.install({"mode": "fix"})
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    order: list[str] = []
+
+    def user_hook(*_: object) -> None:
+        order.append("user")
+        if len(order) == 1:
+            raise RuntimeError("out of memory")
+
+    optimizer.register_step_pre_hook(user_hook)
+    hooks = optimizer._optimizer_step_pre_hooks
+    assert len(hooks) == 2 and next(iter(hooks.values())) is not user_hook
+    model(torch.ones(1, 2)).sum().backward()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        optimizer.step()
+    assert len(hooks) == 2  # the step never reached the gate
+    optimizer.step()
+    assert list(hooks.values()) == [user_hook] and order == ["user", "user"]
+    never = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert len(never._optimizer_step_pre_hooks) == 1
+    autograd_guard.uninstall()  # an optimizer that never stepped loses it too
+    assert len(never._optimizer_step_pre_hooks) == 0
+    autograd_guard.install({"mode": "observe"})
+    assert len(torch.optim.SGD(model.parameters(), lr=0.1)._optimizer_step_pre_hooks) == 0
+
+
+def test_the_channel_decides_no_more_once_its_process_group_is_destroyed():
+    # a rank that goes on alone after destroy_process_group() never waits in the exchange
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from autograd_guard.guards.grad_health.channel import ChannelClosed, channel_for
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group in this process")
+    dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=30)
+    )
+    try:
+        channel = channel_for(dist, [0], 30.0)
+        assert channel.all_reduce(torch.ones(1, dtype=torch.float64)).item() == 1.0
+    finally:
+        dist.destroy_process_group()
+    with pytest.raises(ChannelClosed):
+        channel.all_reduce(torch.ones(1, dtype=torch.float64))
+    assert channel.closed is not None and channel.said  # nothing said: the user parted them
+
+
+def test_an_inner_optimizers_first_step_pre_hook_leaves_the_step_to_the_outer_one():
+    # an optimizer stepping another inside its own step (ZeRO, Lookahead): the inner one's
+    # first-step pre-hook finds nothing out (its outer step speaks for the step), so no
+    # hooks of its own watch the model
+    import gc
+
+    from autograd_guard.guards.grad_health import GradHealth
+
+    class Outer(torch.optim.Optimizer):
+        def __init__(self, params: list[torch.nn.Parameter]) -> None:
+            super().__init__(params, {"lr": 0.1})
+            self.inner = torch.optim.SGD(params, lr=0.1)
+
+        def step(self, closure: object = None) -> None:
+            self.inner.step()
+
+    autograd_guard.install({"mode": "fix"})
+    model = torch.nn.Linear(2, 1)
+    outer = Outer(list(model.parameters()))
+    model(torch.ones(1, 2)).sum().backward()
+    outer.step()
+    (guard,) = [g for g in gc.get_objects() if type(g) is GradHealth and g.active]
+    assert guard._records.find(outer).shared_known == 2
+    assert guard._records.find(outer.inner).shared_known == -1

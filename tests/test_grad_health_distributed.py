@@ -43,6 +43,7 @@ FSDP1, FSDP2 = "fsdp1_shard_nan", "fsdp2_nan"
 PIPE_FIRST, PIPE_LAST = "pipeline_nan_first_stage", "pipeline_nan_last_stage"
 TP, MESH = "tp_nan_one_slice", "mesh_2x2_nan_one_rank"
 CATCHES, RAISES, DCP = "ddp_rank_catches_its_error", "ddp_rank_raises", "dcp_resume_after_skip"
+JOIN = "ddp_join_uneven"
 SINGULAR = "ddp_singular_point"
 RANKS = {MESH: 4}  # processes per job; 2 for the others
 # the ranks whose gradient gets the NaN (SPREAD, ZERO_OWN: DDP's all-reduce and ZeRO's
@@ -192,9 +193,6 @@ def launch(python: Path, scenario: str, variant: str, outdir: Path) -> Run | str
     env = wheelenv.clean_environ(OMP_NUM_THREADS="1")
     if variant in GUARDED:
         env.update(AUTOGRAD_GUARD=variant, AUTOGRAD_GUARD_LOG=str(outdir / "events.jsonl"))
-    if scenario == CATCHES:  # rank 0 waits this long for rank 1's word at the step it skips
-        policy = "[guards.grad_health]\nexchange_timeout = 3\n"
-        (outdir / "autograd_guard.toml").write_text(policy)
     nranks = RANKS.get(scenario, 2)
     command = [
         str(python),
@@ -436,19 +434,44 @@ def test_observe_changes_nothing(job, scenario):
 # -- ranks out of step, a rank gone, a checkpoint after a skip ------------------------------
 
 
-def test_a_rank_that_catches_its_own_error_runs_as_unguarded(job):
-    """Rank 1 skips step 3 by its own code (no NaN anywhere): the guard notices, says so
-    once on each rank, and each rank decides alone from then on; both ranks end as the
-    unguarded job does, bit for bit, step by step."""
-    plain, fixed = job(CATCHES, "plain"), job(CATCHES, "fix")
-    caught = [[], [f"caught its error at step {NAN_STEP}"]]
-    assert skipped(plain) == skipped(fixed) == caught
-    assert_no_guard_error(fixed)
+def assert_each_rank_as_unguarded(plain: Run, fixed: Run) -> list[dict[str, object]]:
+    """``fixed`` ends as ``plain`` on each rank, bit for bit, step by step, no step
+    waiting (``ONE_STEP``); each rank said once that it decides alone: those events."""
     for rank in (0, 1):
         assert_same(fixed.ranks[rank]["history"], plain.ranks[rank]["history"], f"rank {rank}: fix")
+        slowest = max(fixed.ranks[rank]["seconds"])
+        assert slowest < ONE_STEP, f"rank {rank} waited {slowest:.1f} s in a step"
     notices = fixed.action("ranks_out_of_step")
     assert sorted(e["rank"] for e in notices) == [0, 1], notices
+    return notices
+
+
+def assert_alone_as_unguarded(
+    plain: Run, fixed: Run, happened: list[list[str]], step: int, failed: tuple[int, ...] = ()
+) -> None:
+    """``fixed`` ends as ``plain`` on each rank, bit for bit, step by step, no step waiting
+    (``ONE_STEP``), no skip, no guard error but on the ranks ``failed``: each rank said
+    once that it decides alone from then on, rank 1 having left its step ``step`` with no
+    word."""
+    assert skipped(plain) == skipped(fixed) == happened
+    errors = fixed.action("guard_error")
+    assert sorted(e["rank"] for e in errors) == list(failed), errors
+    assert all("rank" in e for e in fixed.events), [e for e in fixed.events if "rank" not in e]
+    notices = assert_each_rank_as_unguarded(plain, fixed)
+    said = f"rank 0 at its step {step}, rank 1 left its step {step} with no word"
+    assert all(said in e["event"] for e in notices), notices
     assert fixed.nonfinite() == []
+
+
+def test_a_rank_that_catches_its_own_error_runs_as_unguarded(job):
+    """Rank 1 skips step 3 by its own code (it raises before ``step()`` and catches it;
+    no NaN anywhere): its next forward tells rank 0 at once (``skips``; no
+    ``exchange_timeout`` to wait), each rank says so once and decides alone from then on;
+    both ranks end as the unguarded job does, bit for bit, step by step, no step
+    waiting."""
+    plain, fixed = job(CATCHES, "plain"), job(CATCHES, "fix")
+    caught = [[], [f"caught its error at step {NAN_STEP}"]]
+    assert_alone_as_unguarded(plain, fixed, caught, NAN_STEP + 1)
 
 
 def test_a_rank_that_raises_uncaught_ends_the_job_as_unguarded(guard_python, tmp_path):
@@ -462,6 +485,99 @@ def test_a_rank_that_raises_uncaught_ends_the_job_as_unguarded(guard_python, tmp
         assert "hung" not in result.splitlines()[0], result
         assert "out of memory (raised by the test before step())" in result, result
         assert not [e for e in read_events(outdir) if e["action"] == "guard_error"]
+
+
+# each parallelism where the guard exchanges: rank 1's step pre-hook raises at NAN_STEP
+HOOKED = [
+    DDP,
+    when(FSDP2, fsdp2_missing()),
+    when(TP, tp_missing()),
+    when(PIPE_LAST, pipeline_missing()),
+]
+ONE_STEP = 20.0  # seconds: a step of these jobs takes well under 1 s; the guard's wait, 60
+
+
+@pytest.mark.parametrize("scenario", HOOKED)
+def test_a_rank_whose_step_pre_hook_raises_and_is_caught_runs_as_unguarded(job, scenario):
+    """Rank 1's optimizer step pre-hook raises at step 3 (an OOM guard), before the
+    guard's check; its loop catches it and goes on. The step's way out tells rank 0 at
+    once (its wait was 60 s, and DDP's next all-reduce timed out on rank 1 behind it):
+    each rank decides alone from then on, said once with each rank's step; both end as
+    the unguarded job does, bit for bit, step by step, no step waiting."""
+    plain, fixed = job(f"{scenario}+hook_catch", "plain"), job(f"{scenario}+hook_catch", "fix")
+    caught = [[], [f"caught its error at step {NAN_STEP}"]]
+    assert_alone_as_unguarded(plain, fixed, caught, NAN_STEP + 1)
+
+
+def test_a_step_pre_hook_that_raises_at_the_first_shared_step_runs_as_unguarded(job):
+    """Rank 1's step pre-hook raises at its very first step, before the guard has ever
+    checked its optimizer (whether it is shared is not known yet): its step, watched
+    from the optimizer's making, still tells rank 0 at once."""
+    scenario = f"{DDP}+first_hook_catch"
+    plain, fixed = job(scenario, "plain"), job(scenario, "fix")
+    assert_alone_as_unguarded(plain, fixed, [[], ["caught its error at step 0"]], 1)
+
+
+def test_a_check_that_fails_open_before_the_exchange_runs_as_unguarded(job):
+    """The guard's own check raises on rank 1 at step 3, before its exchange: it fails
+    open (a guard_error event, the step runs), and the step's end tells rank 0 at once."""
+    scenario = f"{DDP}+check_fails"
+    plain, fixed = job(scenario, "plain"), job(scenario, "fix")
+    assert_alone_as_unguarded(plain, fixed, [[], []], NAN_STEP + 1, failed=(1,))
+
+
+@pytest.mark.parametrize("scenario", HOOKED)
+def test_a_rank_whose_step_pre_hook_raises_uncaught_ends_the_job_as_unguarded(
+    guard_python, tmp_path, scenario
+):
+    """The same error, not caught: the job fails as it does unguarded (rank 1 raised;
+    torchrun's exit status), within the timeout (no hang), and the guard fails nothing of
+    its own."""
+    ends = []
+    for variant in ("plain", "fix"):
+        outdir = tmp_path / variant
+        outdir.mkdir()
+        result = launch(guard_python, f"{scenario}+hook_raise", variant, outdir)
+        assert isinstance(result, str), f"{variant}: the job did not fail"
+        first = result.splitlines()[0]
+        assert "hung" not in first, result
+        ends.append(first.split(" exited ")[1])
+        assert (outdir / "raised").read_text() == f"rank 1 raised at step {NAN_STEP}\n"
+        assert not [e for e in read_events(outdir) if e["action"] == "guard_error"]
+    assert ends[0] == ends[1], f"unguarded {ends[0]}, guarded {ends[1]}"
+
+
+# each parallelism where the guard exchanges (rank 1: the pipeline's last stage, which
+# receives before its module's forward)
+LOOP_SKIPS = [
+    DDP,
+    when(FSDP2, fsdp2_missing()),
+    when(TP, tp_missing()),
+    when(PIPE_LAST, pipeline_missing()),
+]
+
+
+@pytest.mark.parametrize("scenario", LOOP_SKIPS)
+def test_a_step_that_one_rank_skips_after_backward_runs_as_unguarded(job, scenario):
+    """Rank 1's loop skips step 3 after its backward (``if bad: continue``); rank 0
+    steps. Unguarded both finish (the model's collectives are in its forward and
+    backward). Guarded, rank 0 waited in the guard's exchange of that step while rank 1
+    was in its next forward: now rank 1's next forward (a pipeline schedule's next
+    ``step``) posts "no step here" first, each
+    rank decides alone from then on, said once with each rank's step, and both end as
+    the unguarded job does, bit for bit, step by step, no step waiting."""
+    plain, fixed = job(f"{scenario}+skip", "plain"), job(f"{scenario}+skip", "fix")
+    assert_alone_as_unguarded(plain, fixed, [[], [f"skipped step {NAN_STEP}"]], NAN_STEP + 1)
+
+
+def test_gradient_accumulation_on_every_rank_stays_in_step(job):
+    """Two forward and backward passes per step on every rank: each rank's second
+    forward posts "no step here" for the step, all ranks alike, and they stay in step:
+    no event, the unguarded job's weights."""
+    plain, fixed = job("ddp_accumulates", "clean"), job("ddp_accumulates", "fix")
+    assert fixed.events == [], fixed.events
+    for rank in (0, 1):
+        assert_same(fixed.ranks[rank]["history"], plain.ranks[rank]["history"], f"rank {rank}")
 
 
 @pytest.mark.skipif(dcp_missing() is not None, reason=str(dcp_missing()))
@@ -541,3 +657,45 @@ def test_the_guards_channel_lets_a_destroyed_process_group_go():
     gc.collect()
     assert old() is None, "the guard kept the destroyed default group alive"
     assert channel.closed is not None
+
+
+def test_the_guards_wait_is_at_most_half_the_process_groups_timeout():
+    """The user's own collectives never time out behind the guard's exchange: the wait is
+    half the shortest timeout of the groups the model uses (a default group of 42 s, a
+    subgroup of 7 s), and a channel found again by an optimizer whose groups are shorter
+    waits that less."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from autograd_guard.guards.grad_health.channel import channel_for
+    from autograd_guard.guards.grad_health.dist import group_timeout
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group in this process")
+    store = dist.HashStore()
+    dist.init_process_group(
+        "gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=42)
+    )
+    try:
+        if group_timeout(dist, None) is None:
+            pytest.skip(f"torch {torch.__version__} does not say its group's timeout")
+        assert group_timeout(dist, None) == 42.0
+        sub = dist.new_group([0], timeout=timedelta(seconds=7))
+        assert group_timeout(dist, sub) == 7.0
+        assert channel_for(dist, [0], 21.0).timeout == timedelta(seconds=21)
+        assert channel_for(dist, [0], 3.5).timeout == timedelta(seconds=3.5)
+        assert channel_for(dist, [0], 21.0).timeout == timedelta(seconds=3.5)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_join_with_uneven_inputs_runs_as_unguarded(job):
+    """DDP under ``Join`` over a subgroup with a 10 s timeout, rank 1 one batch short:
+    rank 1 shadows the model's collectives, never the guard's exchange. The ranks decide
+    alone in a Join (said once, as a note), no step waits, and both ranks end as the
+    unguarded job does, bit for bit."""
+    plain, fixed = job(JOIN, "plain"), job(JOIN, "fix")
+    assert_no_guard_error(fixed)
+    notes = assert_each_rank_as_unguarded(plain, fixed)
+    assert all(e["level"] == "info" and "Join" in e["event"] for e in notes), notes

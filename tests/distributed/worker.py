@@ -5,7 +5,12 @@
 
 Every rank builds the same small model (same seed), trains it for ``STEPS`` steps on
 data of its own, and a NaN gets in at step ``NAN_STEP`` (where, depends on the scenario).
-The variant says who is to deal with it:
+``SCENARIO+FAULT`` (``ddp_nan_one_rank+hook_catch``) is that scenario's job with no NaN,
+where rank 1's optimizer step pre-hook raises at ``NAN_STEP`` and its loop catches the
+error (``hook_catch``; at the first step: ``first_hook_catch``) or not (``hook_raise``);
+``+skip``: rank 1's loop skips that step after its backward (``continue``);
+``+check_fails``: the guard's own check fails on rank 1 at that step. The variant
+says who is to deal with it:
 
 - ``plain``, ``observe``, ``fix``, ``strict``: the loop calls ``optimizer.step()`` always
   (the guard, if ``AUTOGRAD_GUARD`` is set, does what its mode says);
@@ -24,6 +29,7 @@ import atexit
 import inspect
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -49,8 +55,13 @@ class Job:
         # forward and backward of one batch where the model's own call is not it (pipeline)
         self.forward_backward = extra.get("forward_backward")
         self.data_rank = extra.get("data_rank")  # whose data this rank trains on, if not its own
-        self.fault = extra.get("fault")  # rank 1 raises before step() at NAN_STEP: caught or not
+        # rank 1 raises at NAN_STEP, caught or not: before step() ("catch", "raise"), or in
+        # its optimizer's step pre-hook ("hook_catch", "hook_raise"); or its loop skips that
+        # step after backward (``continue``: "skip")
+        self.fault = extra.get("fault")
+        self.step_now = -1  # the loop's step (the fault's pre-hook reads it)
         self.steps = extra.get("steps", STEPS)
+        self.join = extra.get("join", False)  # the loop runs in DDP's Join context
 
 
 def make_model():
@@ -267,6 +278,18 @@ def ddp_rank_catches_its_error(rank):
     return Job(model, adam(model.parameters()), fault="catch")
 
 
+def ddp_join_uneven(rank):
+    """No NaN: uneven inputs under ``Join`` (rank 1 has one batch fewer), DDP over a
+    subgroup of every rank whose timeout is short (10 s): rank 1, out of inputs, shadows
+    rank 0's last forward and backward; unguarded both finish."""
+    from datetime import timedelta
+
+    group = dist.new_group(list(range(dist.get_world_size())), timeout=timedelta(seconds=10))
+    model = nn.parallel.DistributedDataParallel(make_model(), process_group=group)
+    steps = STEPS if rank == 0 else STEPS - 1
+    return Job(model, adam(model.parameters()), steps=steps, join=True)
+
+
 def ddp_rank_raises(rank):
     """No NaN: rank 1 raises before ``step()`` at NAN_STEP and does not catch it."""
     model = ddp(make_model())
@@ -292,6 +315,18 @@ def ddp_singular_point(rank):
     return Job(model, opt, forward_backward=forward_backward, steps=SINGULAR_STEPS)
 
 
+def ddp_accumulates(rank):
+    """Two forward and backward passes (half a batch each) per step on every rank: gradient
+    accumulation, no step skipped."""
+    model = ddp(make_model())
+
+    def forward_backward(x, y):
+        for half in (slice(0, 4), slice(4, 8)):
+            F.mse_loss(model(x[half]), y[half]).backward()
+
+    return Job(model, adam(model.parameters()), forward_backward=forward_backward)
+
+
 SINGULAR_STEPS = 10  # one process repairs from its 4th step (tests: the single-process twin)
 
 
@@ -311,7 +346,9 @@ SCENARIOS = {
         mesh_2x2_nan_one_rank,
         ddp_rank_catches_its_error,
         ddp_rank_raises,
+        ddp_join_uneven,
         ddp_singular_point,
+        ddp_accumulates,
     )
 }
 
@@ -385,11 +422,52 @@ def guard_error():
     return ()  # catches nothing
 
 
+def with_fault(scenario, rank, fault):
+    """``scenario``'s model, optimizer and data with no NaN; rank 1 raises at NAN_STEP
+    (``fault``: caught by the loop or not), in its optimizer's step pre-hook; or (``skip``)
+    its loop skips that step after backward."""
+    job = SCENARIOS[scenario](rank)
+    job.poison, job.poison_input, job.fault = None, False, fault
+    if fault == "check_fails":
+        if rank == 1 and os.environ.get("AUTOGRAD_GUARD"):
+            check_fails(job)
+        return job
+    if rank == 1 and fault != "skip":
+        at = 0 if fault.startswith("first_") else NAN_STEP  # the first step: "first_hook_catch"
+
+        def hook(optimizer, args, kwargs):
+            if job.step_now == at:
+                with open(os.path.join(sys.argv[3], "raised"), "w") as said:
+                    said.write(f"rank 1 raised at step {at}\n")  # torchrun may cut it
+                raise RuntimeError("out of memory (raised by a step pre-hook)")
+
+        job.optimizer.register_step_pre_hook(hook)
+    return job
+
+
+def check_fails(job):
+    """The guard's own check fails at NAN_STEP, before its exchange (it fails open: the
+    step runs): a stand-in for a bug of the guard's."""
+    from autograd_guard.guards.grad_health import flow
+
+    scaler_decides = flow._scaler_decides
+
+    def failing(*args, **kwargs):
+        if job.step_now == NAN_STEP:
+            raise RuntimeError("a bug in the guard's check (raised by the test)")
+        return scaler_decides(*args, **kwargs)
+
+    flow._scaler_decides = failing
+
+
 def train(job, rank, variant):
     refused = guard_error()
     inject = variant != "clean"
     history, happened = [], []
+    job.seconds = []  # each step's wall time
     for step in range(job.steps):
+        started = time.monotonic()
+        job.step_now = step
         nan_step = inject and step == NAN_STEP
         x, y = batch(step, rank if job.data_rank is None else job.data_rank)
         if nan_step and job.poison_input and rank == 1:
@@ -403,9 +481,14 @@ def train(job, rank, variant):
             loss.backward()
         if nan_step and job.poison is not None:
             job.poisoned = job.poison()
+        if step == NAN_STEP and rank == 1 and job.fault == "skip":  # if bad: continue
+            happened.append(f"skipped step {step}")
+            history.append(snapshot(job))
+            job.seconds.append(time.monotonic() - started)
+            continue
         stop = False
         try:
-            if step == NAN_STEP and rank == 1 and job.fault is not None:
+            if step == NAN_STEP and rank == 1 and job.fault in ("catch", "raise"):
                 raise RuntimeError("out of memory (raised by the test before step())")
             if variant == "handfix" and not consumed_finite(job.optimizer):
                 happened.append(f"skipped step {step}")
@@ -415,13 +498,14 @@ def train(job, rank, variant):
             happened.append(f"raised at step {step}")
             stop = True
         except RuntimeError:
-            if job.fault != "catch":
+            if job.fault not in ("catch", "hook_catch", "first_hook_catch"):
                 raise
             happened.append(f"caught its error at step {step}")
         job.optimizer.zero_grad()
         if job.local is not None:
             local_step(job, rank, variant, step, happened, refused)
         history.append(snapshot(job))
+        job.seconds.append(time.monotonic() - started)
         if stop:
             break
     return history, happened
@@ -489,9 +573,17 @@ def main():
         job = Job(None, None)
         history, happened = dcp_resume_after_skip(rank, variant, outdir)
     else:
-        job = SCENARIOS[scenario](rank)
-        history, happened = train(job, rank, variant)
+        base, _, fault = scenario.partition("+")  # "ddp_nan_one_rank+hook_catch"
+        job = with_fault(base, rank, fault) if fault else SCENARIOS[scenario](rank)
+        if job.join:
+            from torch.distributed.algorithms.join import Join
+
+            with Join([job.model]):
+                history, happened = train(job, rank, variant)
+        else:
+            history, happened = train(job, rank, variant)
     result = {
+        "seconds": getattr(job, "seconds", []),
         "rank": rank,
         "happened": happened,
         "poisoned": job.poisoned,

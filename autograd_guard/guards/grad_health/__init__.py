@@ -121,7 +121,9 @@ class GradHealth(Guard):
             float,
             60.0,
             "seconds a rank waits for the others' word at a shared optimizer step before it "
-            "decides alone from then on (ranks out of step, a rank gone)",
+            "decides alone from then on (a rank gone, a step repeated, or one left where no "
+            "forward of the model tells it); at most half the shortest timeout of the "
+            "process groups the model uses",
             minimum=1.0,
             maximum=86_400.0,
         ),
@@ -149,7 +151,7 @@ class GradHealth(Guard):
         zero = ZeroWatch(voice, sites)
         nonfinite = NonFinite(voice, sites, localiser, strict, repair)
         finite = FiniteCheck()
-        together = Together(voice, sites, finite, zero, nonfinite)
+        together = Together(voice, sites, finite, zero, nonfinite, hooks)
         parts = Parts(finite, usage, together, repair, zero, nonfinite, strict, localiser)
         self._flow = StepFlow(voice, hooks, sites, parts)
 

@@ -16,9 +16,12 @@ old channel lets the destroyed group and its store go with it): it is not
 registered with ``torch.distributed`` (the user's group names and counters are as
 unguarded), and nothing else sends on it. Each rank's entry carries the optimizer's step
 count, so ranks out of step (a rank that skipped or repeated a step by its own code) are
-noticed. A channel that times out (``exchange_timeout``), fails (a rank gone) or finds the
-ranks out of step is closed for good: every later step decides on its own rank's
-gradients, and the guard says so once.
+noticed. A channel that times out (``exchange_timeout``, at most half the shortest
+timeout of the user's process groups that the model uses, the default one included: the
+user's own collectives never time out behind the guard's wait), fails (a rank gone) or
+finds the ranks out of step is closed for good: every later step decides on its own rank's
+gradients, and the guard says so once. A rank that left a step without its word posts so
+in the exchange (``skips``): the others do not wait for it.
 """
 
 from __future__ import annotations
@@ -42,12 +45,15 @@ class ChannelClosed(Exception):
 class Channel:
     """The guard's gloo group over ``ranks`` (global ranks, in order)."""
 
-    def __init__(self, dist: Any, ranks: list[int], timeout: float, generation: int) -> None:
+    def __init__(
+        self, dist: Any, ranks: list[int], timeout: float, generation: int, world: Any = None
+    ) -> None:
         self.ranks = ranks
+        self._world = weakref.ref(world) if world is not None else None  # the default group
         self.me = ranks.index(dist.get_rank())
         self.closed: str | None = None  # why it closed; said once
         self.said = False
-        self._timeout = timedelta(seconds=timeout)
+        self.timeout = timedelta(seconds=timeout)
         self._dist = dist
         self._group: Any = None
         # the store outlives a destroyed group (torchrun's agent store): the keys of each
@@ -58,15 +64,20 @@ class Channel:
         if self._group is None:
             dist = self._dist
             store = dist.PrefixStore(self._prefix, dist.distributed_c10d._get_default_store())
-            self._group = dist.ProcessGroupGloo(store, self.me, len(self.ranks), self._timeout)
+            self._group = dist.ProcessGroupGloo(store, self.me, len(self.ranks), self.timeout)
         return self._group
 
     def all_reduce(self, values: Any) -> Any:
         """``values`` summed over the ranks (a CPU float64 tensor), or ChannelClosed."""
         if self.closed is not None:
             raise ChannelClosed(self.closed)
+        if self._world is not None and not self._current():
+            self.release()  # destroy_process_group(): a rank may go on alone, as unguarded
+            raise ChannelClosed(self.closed)
         try:
-            self._pg().allreduce([values]).wait()
+            options = self._dist.AllreduceOptions()
+            options.timeout = self.timeout  # a later optimizer's groups may be shorter
+            self._pg().allreduce([values], options).wait()
         except Exception as exc:  # a timeout, a rank gone: never again on this channel
             raise self.close(
                 f"the guard's exchange with ranks {', '.join(map(str, self.ranks))} failed "
@@ -75,12 +86,23 @@ class Channel:
             ) from None
         return values
 
+    def _current(self) -> bool:
+        """The default group it was made over is still the default group."""
+        dist = self._dist
+        try:
+            world = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+        except Exception:  # no default group any more
+            world = None
+        return world is not None and self._world is not None and world is self._world()
+
     def release(self) -> None:
         """The default group it ran over was destroyed: its gloo group (sockets, and the
-        store with its port) is let go, and it decides no more."""
+        store with its port) is let go, and it decides no more (nothing said: the ranks
+        were told to part, by the user's own code)."""
         self._group = None
         if self.closed is None:
             self.closed = "the process group of the guard's exchange was destroyed"
+            self.said = True
 
     def close(self, why: str) -> ChannelClosed:
         self.closed = why
@@ -126,9 +148,11 @@ def channel_for(dist: Any, ranks: list[int], timeout: float) -> Channel:
     world = dist.distributed_c10d._get_default_group()
     known = _CHANNELS.get(key)
     if known is not None and known[0]() is world:
-        return known[1]
+        channel = known[1]
+        channel.timeout = min(channel.timeout, timedelta(seconds=timeout))
+        return channel
     generation = _GENERATIONS[key] = _GENERATIONS.get(key, -1) + 1
-    channel = Channel(dist, list(ranks), timeout, generation)
+    channel = Channel(dist, list(ranks), timeout, generation, world)
     _CHANNELS[key] = (weakref.ref(world), channel)
     weakref.finalize(world, _release, key, channel)
     return channel

@@ -14,7 +14,9 @@ so an optimizer that only some ranks step never waits on the others.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import weakref
 
 from autograd_guard._common.environment import rank
 from autograd_guard.guards.grad_health.channel import ChannelClosed, channel_for
@@ -37,37 +39,50 @@ class Sharing:
     """How one optimizer's parameters are shared: the ranks that decide together, the
     guard's channel between them and the parameters whose gradients this rank consumes."""
 
-    __slots__ = ("channel", "first", "index", "ranks", "shard")
+    __slots__ = ("channel", "first", "index", "joinables", "ranks", "shard")
 
-    def __init__(self, channel: Channel, shard: list[Any], index: int) -> None:
+    def __init__(
+        self, channel: Channel, shard: list[Any], index: int, joinables: list[Any] | None = None
+    ) -> None:
         self.channel = channel
+        self.joinables = [weakref.ref(j) for j in joinables or ()]  # DDP, ZeRO: ``Join``-able
         self.shard = shard
         self.ranks = channel.ranks
         self.first = channel.me == 0  # logs the group's decisions
         self.index = index  # the optimizer's place among those on this channel
 
-    def exchange(self, local: bool, word: float, step: int) -> tuple[list[int], bool]:
+    def exchange(
+        self, local: bool, word: float, step: int, spoke: bool = True
+    ) -> tuple[list[int], bool]:
         """Sum this rank's flag, its word on zero gradients and its step: the global
         ranks whose gradients were not finite, and whether every gradient of the group
-        was exactly zero. ChannelClosed where the ranks cannot decide together."""
+        was exactly zero. ``spoke`` False: this rank left its step ``step`` with no word
+        (``skips``); where no rank has a word, the ranks stay in step. ChannelClosed
+        where the ranks cannot decide together."""
         torch = sys.modules["torch"]
         n, me = len(self.ranks), self.channel.me
         values = torch.zeros(3 * n, dtype=torch.float64)
         values[me], values[n + me] = float(local), word
-        values[2 * n + me] = tag = float(step * 1024 + self.index % 1024)
+        tag = float(step * 1024 + self.index % 1024)
+        values[2 * n + me] = tag if spoke else -tag - 1
         summed = self.channel.all_reduce(values).tolist()
-        if any(other != tag for other in summed[2 * n :]):
-            steps = ", ".join(
-                f"rank {rank} at its step {int(other) // 1024}"
-                for rank, other in zip(self.ranks, summed[2 * n :], strict=True)
-            )
-            raise self.channel.close(
-                f"the ranks were not at the same optimizer step ({steps}): a rank skipped "
-                "or repeated a step by its own code"
-            )
+        tags = summed[2 * n :]
+        if any(other != tags[me] for other in tags):
+            raise self.channel.close(_out_of_step(self.ranks, tags))
+        if not spoke:
+            return [], False
         words = summed[n : 2 * n]
         all_zero = ALL_ZERO in words and SOME_VALUE not in words
         return [rank for rank, flag in zip(self.ranks, summed, strict=False) if flag], all_zero
+
+    def joining(self) -> bool:
+        """A ``Join`` context (uneven inputs) is on for the model or its optimizer: a rank
+        that ran out of inputs shadows the others' collectives, never the guard's."""
+        for ref in self.joinables:
+            config = getattr(ref(), "_join_config", None)
+            if config is not None and getattr(config, "enable", False):
+                return True
+        return False
 
     def gather_names(self, names: list[str]) -> list[str]:
         """Every rank's names of its non-finite parameters (after ``exchange`` found some,
@@ -80,6 +95,23 @@ class Sharing:
         for part in gathered:
             merged += [name for name in part or () if name not in merged]
         return merged
+
+
+def _out_of_step(ranks: list[int], tags: list[float]) -> str:
+    """Why the ranks cannot decide together: each rank's step, and its word."""
+    said = [
+        f"rank {rank} at its step {int(tag) // 1024}"
+        if tag >= 0
+        else f"rank {rank} left its step {int(-tag - 1) // 1024} with no word"
+        for rank, tag in zip(ranks, tags, strict=True)
+    ]
+    why = (
+        "a rank's step ended before the guard's check (an exception in a step pre-hook, "
+        "say), or its own code skipped it after backward, while the others stepped"
+        if any(tag < 0 for tag in tags)
+        else "a rank skipped or repeated a step by its own code"
+    )
+    return f"the ranks were not at the same optimizer step ({', '.join(said)}): {why}"
 
 
 def sharing_of(optimizer: Any, params: list[Any], timeout: float, count: int) -> Sharing | None:
@@ -99,20 +131,51 @@ def sharing_of(optimizer: Any, params: list[Any], timeout: float, count: int) ->
     )
     shard = params
     found: list[frozenset[int]] = []
+    groups: list[Any] = [None]  # the user's groups the model uses (None: the default one)
+    joinables: list[Any] = []
     if zero is not None and isinstance(optimizer, zero):
         shard = params_of(optimizer.optim)
         found.append(frozenset(dist.get_process_group_ranks(optimizer.process_group)))
+        groups.append(optimizer.process_group)
+        joinables.append(optimizer)
     owners = _owners(dist)
+    meshes: dict[int, Any] = {}
     for param in params:
         held = _mesh_ranks(param)
-        if held is None:
-            held = owners.get(id(param))
+        if held is not None:
+            meshes.setdefault(id(param.device_mesh), param.device_mesh)
+        else:
+            held, group, owner = owners.get(id(param), (None, None, None))
+            if owner is not None and owner not in joinables:
+                groups.append(group)
+                joinables.append(owner)
         if held is not None and held not in found:
             found.append(held)
     ranks = _model_ranks(dist, found)
     if len(ranks) < 2 or dist.get_rank() not in ranks:
         return None
-    return Sharing(channel_for(dist, ranks, timeout), shard, count)
+    for mesh in meshes.values():
+        with contextlib.suppress(Exception):  # a mesh without its groups: the default's
+            groups += list(mesh.get_all_groups())
+    users = [t for t in (group_timeout(dist, g) for g in groups) if t is not None]
+    if users:  # the guard's wait is never the one that times out first
+        timeout = max(min(timeout, min(users) / 2), 0.5)
+    joining = [j for j in joinables if hasattr(j, "_join_config")]
+    return Sharing(channel_for(dist, ranks, timeout), shard, count, joining)
+
+
+def group_timeout(dist: Any, group: Any) -> float | None:
+    """A user's process group's timeout in seconds (None: the default group), where
+    this torch says it."""
+    torch = sys.modules["torch"]
+    group = group or dist.distributed_c10d._get_default_group()
+    for device in ("cpu", "cuda"):
+        try:
+            options = group._get_backend(torch.device(device)).options
+            return float(options._timeout.total_seconds())
+        except Exception:  # not this device's backend, or a torch without these
+            continue
+    return None
 
 
 def _model_ranks(dist: Any, found: list[frozenset[int]]) -> list[int]:
@@ -126,15 +189,15 @@ def _model_ranks(dist: Any, found: list[frozenset[int]]) -> list[int]:
     return list(range(dist.get_world_size()))
 
 
-def _owners(dist: Any) -> dict[int, frozenset[int]]:
-    """id(parameter) -> the ranks of its group, for the parameters of live DDP and FSDP1
-    modules and pipeline stages (one scan of live objects per optimizer, on its first
-    step)."""
+def _owners(dist: Any) -> dict[int, tuple[frozenset[int], Any, Any]]:
+    """id(parameter) -> the ranks of its group, that group and the object holding it,
+    for the parameters of live DDP and FSDP1 modules and pipeline stages (one scan of
+    live objects per optimizer, on its first step)."""
     import gc
 
     stage = getattr(sys.modules.get(_STAGE[0]), _STAGE[1], None)
     kinds = wrapper_modules() + ((stage,) if isinstance(stage, type) else ())
-    owners: dict[int, frozenset[int]] = {}
+    owners: dict[int, tuple[frozenset[int], Any, Any]] = {}
     if not kinds:
         return owners
     # type(), never isinstance: a deprecated proxy's __class__ warns (reduce_op)
@@ -144,7 +207,7 @@ def _owners(dist: Any) -> dict[int, frozenset[int]]:
         ranks = frozenset(dist.get_process_group_ranks(group or dist.group.WORLD))
         module = obj.submod if stage is not None and isinstance(obj, stage) else obj
         for param in module.parameters():
-            owners.setdefault(id(param), ranks)
+            owners.setdefault(id(param), (ranks, group, obj))
     return owners
 
 

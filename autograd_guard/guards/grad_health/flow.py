@@ -16,12 +16,13 @@ optimizer (``Records``) and which steps are in progress on each thread.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from typing import NamedTuple
 
 from autograd_guard.errors import GuardError, Refused
-from autograd_guard.guards.grad_health import zero
+from autograd_guard.guards.grad_health import skips, zero
 from autograd_guard.guards.grad_health.check import PendingFlag
 from autograd_guard.guards.grad_health.closure import Closures
 from autograd_guard.guards.grad_health.dist import local_gradient
@@ -75,7 +76,7 @@ class StepFlow:
         self.records = Records()
         self._stepping = threading.local()  # steps in progress on this thread
         self._closures = Closures(voice, self._check, self._leave, lambda: self.active)
-        self.gates = Gates(self.decide, self.finish, self._closure_step)
+        self.gates = Gates(self.decide, self.finish, self._closure_step, self._made)
 
     def restart(self) -> None:
         """A new run in the process: every optimizer starts anew (steps still counted)."""
@@ -91,9 +92,43 @@ class StepFlow:
 
     def _close_watches(self) -> None:
         for record in self.records.all():
+            skips.remove(record)  # the model's hooks gone (a step left is told no more)
+            if record.first is not None:  # an optimizer that never stepped: its pre-hook
+                record.first.remove()
+                record.first = None
             if record.watch is not None:
                 record.watch.close()
                 record.watch = None
+
+    def _made(self, optimizer: Any) -> None:
+        """An optimizer is made: its first step, before any pre-hook of the user's, finds
+        whether its parameters are shared, so that a pre-hook raising there is told to
+        the other ranks at this rank's next forward (``skips``). Never raises."""
+        if not self.active or self._voice.mode == "observe" or not self._config["nonfinite"]:
+            return
+        try:
+            handle = optimizer.register_step_pre_hook(self._hooks.eager_method(self._first_step))
+            optimizer._optimizer_step_pre_hooks.move_to_end(handle.id, last=False)
+        except Exception:  # a torch without these: a first step left waits the timeout
+            return
+        self.records.get(optimizer).first = handle  # removed by its first gate
+
+    def _first_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The first step's first pre-hook (till a gate removes it): the shared model's
+        hooks come now, its backward done (a pre-hook of the user's that raises leaves
+        the step). Not for an inner optimizer of a step in progress: its outer one
+        speaks for the step."""
+        if self._stepping.__dict__.get("depth", 0):
+            return
+        try:
+            record = self.records.get(optimizer)
+            if self.active and record.shared_known == -1:
+                params = params_of(optimizer)
+                self._parts.together.sharing(optimizer, record, params, self.records)
+                skips.began(record)
+        except Exception as exc:  # its gate finds out again
+            with contextlib.suppress(GuardError):
+                self._voice.fail("step check", exc)
 
     def before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """The first global pre-hook: gate the optimizer's class (once per class); a class
@@ -233,6 +268,9 @@ class StepFlow:
         record.probed = None  # a step that raised left its gradients there
         if record.site is None:  # once per optimizer: for what is said of it at exit
             record.kind, record.site = type(optimizer).__name__, self._sites.site(optimizer)
+            if record.first is not None:  # its first step's pre-hook ran: no more
+                record.first.remove()
+                record.first = None
         # optimizer.step() with no argument, the common case, has no closure
         closure = closure_of(optimizer, args, kwargs) if kwargs or len(args) > 1 else None
         if closure is not None and closure[0] is not None:
@@ -254,6 +292,7 @@ class StepFlow:
         if record.waiting or record.watch is not None or len(params) != record.known:
             parts.usage.check(optimizer, record, params)  # else nothing to do (every step)
         if not self._config["nonfinite"] or _scaler_decides(optimizer, kwargs, record):
+            skips.spoke(record)  # no rank exchanges for this step
             parts.usage.no_gradient(optimizer, record, params)
             return RUN
         sharing = record.sharing  # found once per set of parameters

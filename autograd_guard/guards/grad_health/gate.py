@@ -73,9 +73,16 @@ class Gates:
     """The gates in torch's step wrappers, one per wrapper, each undone by ``remove``;
     they call the guard's ``decide``, ``finish`` and ``closure_step``."""
 
-    def __init__(self, decide: Decide, finish: Finish, closure_step: ClosureStep) -> None:
+    def __init__(
+        self,
+        decide: Decide,
+        finish: Finish,
+        closure_step: ClosureStep,
+        made: Callable[[Any], None] | None = None,
+    ) -> None:
         # decide and finish return a Refused themselves (no frame more per step)
         self._plain = (decide, finish, returning_refusals(closure_step))
+        self.made = made  # told of each optimizer made (never raises)
         self.decide, self.finish, self.closure_step = self._plain
         self._cells: list[tuple[Any, Any]] = []  # (cell, the body it held)
         self._seen: dict[type, tuple[Any, bool]] = {}  # class -> (its step, gated)
@@ -118,6 +125,8 @@ class Gates:
             result = original(optimizer, *args, **kwargs)
             if gates._watched is not None:  # not removed since
                 gates.constructed(type(optimizer), ungated)
+                if gates.made is not None:
+                    gates.made(optimizer)
             return result
 
         base._patch_step_function = _patch_step_function  # type: ignore[attr-defined]

@@ -24,11 +24,13 @@ class Record:
     """One optimizer's bookkeeping."""
 
     __slots__ = (
+        "__weakref__",  # held weakly by its model's hooks (``skips``)
         "closure",
         "depth",
         "empty",
         "empty_judged",
         "evaluations",
+        "first",
         "flag",
         "forward",
         "gone",
@@ -47,6 +49,7 @@ class Record:
         "sharing",
         "site",
         "skipped",
+        "skips",
         "stale",
         "step",
         "suspect",
@@ -91,6 +94,8 @@ class Record:
         self.pending: collections.deque[tuple[int, PendingFlag]] = collections.deque()
         self.sharing: Sharing | None = None  # the ranks that decide this step together
         self.shared_known = -1  # parameters counted when ``sharing`` was found
+        self.skips: Any = None  # hooks that tell a step this rank left (skips)
+        self.first: Any = None  # the handle of its first step's first pre-hook, till then
         self.live = -1  # the gradient probed for a value other than zero (grad_health.zero)
         self.live_until = -1  # the step from which the smallest one is probed again
         self.zero_in_a_row = 0  # steps in a row whose every gradient was exactly zero

@@ -1,12 +1,18 @@
 """The shared half of grad_health's step logic: a step whose optimizer's parameters are
 shared by the ranks of one model is decided together, on the guard's own channel
-(``dist``, ``channel``), or alone once the ranks cannot decide together.
-
+(``dist``, ``channel``), or alone once the ranks cannot decide together. A step that
+ends on this rank without its word (skipped by the loop, a pre-hook that raised) is
+posted at the model's next forward (``skips``); inside a ``Join`` context (uneven inputs)
+the ranks decide alone from then on (a rank out of inputs shadows only the model's
+collectives).
 """
 
 from __future__ import annotations
 
-from autograd_guard.guards.grad_health import zero
+import contextlib
+
+from autograd_guard.errors import GuardError
+from autograd_guard.guards.grad_health import skips, zero
 from autograd_guard.guards.grad_health.channel import ChannelClosed
 from autograd_guard.guards.grad_health.check import ALL_ZERO, NO_GRADIENTS, SOME_VALUE
 from autograd_guard.guards.grad_health.dist import local_gradient, sharing_of
@@ -18,6 +24,7 @@ if TYPE_CHECKING:
 
     from autograd_guard.guards.grad_health.check import FiniteCheck
     from autograd_guard.guards.grad_health.closure import Evaluation
+    from autograd_guard.guards.grad_health.compile import EagerHooks
     from autograd_guard.guards.grad_health.dist import Sharing
     from autograd_guard.guards.grad_health.nonfinite import NonFinite
     from autograd_guard.guards.grad_health.record import Record, Records
@@ -37,9 +44,10 @@ class Together:
         finite: FiniteCheck,
         zero: ZeroWatch,
         nonfinite: NonFinite,
+        hooks: EagerHooks,
     ) -> None:
         self._voice, self._sites, self._finite = voice, sites, finite
-        self._zero, self._nonfinite = zero, nonfinite
+        self._zero, self._nonfinite, self._hooks = zero, nonfinite, hooks
 
     def decide(
         self,
@@ -64,7 +72,10 @@ class Together:
                     word = ALL_ZERO if all_zero else SOME_VALUE
         except Exception as exc:  # the exchange still happens: no rank is left waiting
             self._voice.fail("step check", exc)
+        skips.spoke(record)
         try:
+            if sharing.joining():
+                raise sharing.channel.close(JOINING)
             ranks, all_zero = sharing.exchange(local, word, record.step)
         except ChannelClosed as closed:
             self._alone(optimizer, sharing, str(closed))
@@ -89,14 +100,19 @@ class Together:
         if channel.said:
             return
         channel.said = True
+        joining = why == JOINING
         self._voice.emit(
             f"{why}; from now on each rank of {', '.join(map(str, channel.ranks))} decides "
             "its optimizer steps on its own gradients (a non-finite gradient on one rank "
             "skips that rank's step alone)",
             action="ranks_out_of_step",
             callsite=self._sites.site(optimizer),
+            level="info" if joining else "warning",
             ranks=channel.ranks,
-            remedy="step every rank of the model at every step (skip a batch on all ranks "
+            remedy="nothing to do (DDP's gradients are the same on every rank; a "
+            "ZeroRedundancyOptimizer's shards decide each alone)"
+            if joining
+            else "step every rank of the model at every step (skip a batch on all ranks "
             "together, e.g. by all-reducing the reason first), or raise on every rank",
         )
 
@@ -107,5 +123,33 @@ class Together:
             record.shared_known = len(params)
             count = sum(1 for other in records.all() if other.sharing is not None)
             timeout = self._voice.config["exchange_timeout"]
-            record.sharing = sharing_of(optimizer, params, timeout, count)
+            record.sharing = sharing = sharing_of(optimizer, params, timeout, count)
+            if sharing is not None and self._voice.mode != "observe":  # observe never waits
+                try:
+                    skips.watch(optimizer, record, params, self._skipped, self._hooks.eager)
+                except Exception as exc:  # a step left goes untold: the guard's timeout
+                    self._voice.fail("step check", exc)
         return record.sharing  # one whose channel closed still says what this rank consumes
+
+    def _skipped(self, optimizer: Any, record: Record, step: int) -> None:
+        """A backward of the model ran since this rank's last word, and a forward begins
+        (``skips``; not one inside the optimizer's own step): this rank left
+        its step with no word, and the others, in that step's exchange, hear so at once.
+        Never raises (the forward goes on)."""
+        sharing = record.sharing
+        try:
+            if sharing is None or sharing.channel.closed is not None:
+                return
+            try:
+                sharing.exchange(False, NO_GRADIENTS, step, spoke=False)
+            except ChannelClosed as closed:
+                self._alone(optimizer, sharing, str(closed))
+        except Exception as exc:
+            with contextlib.suppress(GuardError):  # strict: the user's forward goes on
+                self._voice.fail("step exit", exc)
+
+
+JOINING = (
+    "the model's ranks are in a Join context (uneven inputs): a rank out of inputs shadows "
+    "the model's collectives, never the guard's exchange"
+)
