@@ -32,6 +32,7 @@ LOSS = "the loss has not fallen"
 STUCK = "the parameters behind it have not moved"
 REST = 20  # passes in a row that changed nothing, after which the repair stands down
 RISING = 0.7  # the trend of a rising loss (Kendall's tau; flat noise: ~1e-5 to reach it)
+WINDOW = 12  # the fewest mended passes that trend is judged on
 
 
 class _Pass:
@@ -53,9 +54,8 @@ class Repairer:
         self.first: float | None = None  # the loss of the first mended pass
         self.best: float | None = None
         self.judged = False  # the stall check has been made
-        self.last: float | None = None  # the loss of the latest mended pass
-        self.above = 0  # mended passes in a row whose loss was above the first's
-        self.recent: collections.deque[float] = collections.deque(maxlen=64)  # their losses
+        # the losses of the latest mended passes in a row above the first's (see ``worse``)
+        self.above: list[float] = []
         self.worse_said = False
         self.site = "-"  # the step where repair began
         self.behind: list[tuple[Any, Any]] = []  # (weak ref of a parameter, its sum then)
@@ -143,9 +143,10 @@ class Repairer:
                 self.repaired += 1
                 self.first = value if self.first is None else self.first
                 self.best = value if self.best is None else min(self.best, value)
-                self.last = value
-                self.above = self.above + 1 if value > self.first + FALL * abs(self.first) else 0
-                self.recent.append(value)
+                if value > self.first + FALL * abs(self.first):
+                    self.above.append(value)
+                else:
+                    self.above.clear()
 
     def watch(self, behind: list[Any]) -> None:
         """The parameters behind the repaired nodes (weak refs), each with a sum of its
@@ -154,18 +155,20 @@ class Repairer:
         with torch.no_grad():
             self.behind = [(ref, p.detach().sum()) for ref in behind if (p := ref()) is not None]
 
-    def worse(self, steps: int) -> bool:
-        """Once: the loss of each of the last ``max(steps, 12)`` mended passes was above
+    def worse(self, steps: int) -> int:
+        """Once: the loss of each of the last ``max(steps, WINDOW)`` mended passes was above
         the loss where the repair began (where skipping would have kept the weights), and
         it rises through them (Kendall's tau of the losses against their order at least
-        ``RISING``: a noisy but flat loss, above an unusually easy first batch, is not)."""
-        count = max(steps, 12)
-        if self.worse_said or not steps or self.above < count or len(self.recent) < count:
-            return False
-        window = list(self.recent)[-count:]
+        ``RISING``: a noisy but flat loss, above an unusually easy first batch, is not).
+        The number of passes judged; 0 where not (or said already)."""
+        count = max(steps, WINDOW)
+        del self.above[:-count]  # what later checks need, no more
+        if self.worse_said or not steps or len(self.above) < count:
+            return 0
+        window = self.above
         order = sum((b > a) - (b < a) for i, a in enumerate(window) for b in window[i + 1 :])
         self.worse_said = order >= RISING * count * (count - 1) / 2
-        return self.worse_said
+        return count if self.worse_said else 0
 
     def stalled(self, steps: int) -> str | None:
         """Judged once, after ``steps`` mended passes: what has not moved (one read)."""

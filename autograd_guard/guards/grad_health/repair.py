@@ -19,11 +19,10 @@ they are ready (``PendingFlag``), never by waiting. A repair that has run ``stal
 steps without the loss falling has stalled: it is said as ``training_stalled``, and it
 stops (later such steps are skipped again). A repair whose loss rises back above its value
 when the repair began, stays there for ``stall_steps`` (at least 12) mended passes and
-rises through them, is
-making the run worse than skipping would have (skipping keeps the weights where they
-were), unless the loss itself changed: said once as ``repair_worse`` (a warning), and the
-repair goes on. A repair that has changed nothing for 20
-passes in a row stands down (the run has left the singular point; should it come back,
+rises through them, is making the run worse than skipping would have (skipping keeps the
+weights where they were), unless the loss itself changed: said once as ``repair_worse``
+(a warning), and the repair goes on. A repair that has changed nothing for 20 passes in a
+row stands down (the run has left the singular point; should it come back,
 it is found and confirmed again). observe's ``nonfinite_gradient`` says what fix would
 do.
 """
@@ -71,10 +70,10 @@ STALLED = (
 WORSE = (
     "the loss of the last {steps} repaired backward passes stayed above {first:.4g}, its "
     "value where the repair of {op} began, and rose through them (the latest: {last:.4g}): "
-    "skipping "
-    "those steps would have kept the weights where they were then. Unless the loss itself "
-    "changed (a schedule, a harder data stream), the repaired gradient makes the run worse "
-    "than skipping would: 0 may not be the right limit there. The repair goes on"
+    "skipping those steps would have kept the weights where they were then. Unless the "
+    "loss itself changed (a schedule, a harder data stream), the repaired gradient makes "
+    "the run worse than skipping would: 0 may not be the right limit there. The repair "
+    "goes on"
 )
 WORSE_REMEDY = (
     'nonfinite_fix = "skip" skips such steps instead; or make that op safe for gradients '
@@ -160,8 +159,8 @@ class Repair:
         what = repairer.stalled(steps)
         if what is not None:
             self._stalled(repairer, what)
-        elif repairer.worse(steps):
-            self._worse(repairer, steps)
+        elif judged := repairer.worse(steps):
+            self._worse(repairer, judged)
 
     def _stalled(self, repairer: Repairer, what: str) -> None:
         """The loss has not fallen: a stall, and the repair stops. The parameters behind
@@ -181,13 +180,13 @@ class Repair:
         event = STALLED.format(steps=repairer.repaired, op=op)
         say_stall(self._voice, event, site, repairer.repaired, REPAIR_REMEDY)
 
-    def _worse(self, repairer: Repairer, steps: int) -> None:
-        """The loss has risen back above where the repair began and goes on rising: said
-        once (a warning; the loss may have changed by itself)."""
+    def _worse(self, repairer: Repairer, passes: int) -> None:
+        """The loss has risen back above where the repair began and goes on rising through
+        the last ``passes``: said once (a warning; the loss may have changed by itself)."""
         op = ", ".join(sorted({key[0] for key in repairer.keys}))
-        first, last = repairer.first or 0.0, repairer.last or 0.0
+        first, last = repairer.first or 0.0, repairer.above[-1]
         self._voice.emit(
-            WORSE.format(steps=max(steps, 12), op=op, first=first, last=last),
+            WORSE.format(steps=passes, op=op, first=first, last=last),
             action="repair_worse",
             callsite=repairer.site,
             remedy=WORSE_REMEDY,
