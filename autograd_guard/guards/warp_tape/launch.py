@@ -121,24 +121,13 @@ class Launches:
             frame = sys._getframe(2)  # the frame that called wp.launch
             if tape is None or (self._wrapped_launch and frame.f_code.co_filename.startswith(OWN)):
                 if tape is not None or live:
-                    self._rare_launch(kernel, inputs, outputs, tape, frame)
+                    self._launch_full(kernel, inputs, outputs, tape, frame)
                 return inputs
             read, written = self._kernels.get(kernel) or self._access(kernel)
-            count = len(inputs) if inputs else 0
-            for position in written:  # loops, not any(): a generator costs more here
-                if position < count:
-                    key = id(inputs[position])
-                    for reads in live:
-                        if key in reads.fresh:  # a copy is due: the full path
-                            self._launching(kernel, inputs, outputs, tape, frame)
-                            return inputs
-            for value in outputs or ():
-                key = id(value)
-                for reads in live:
-                    if key in reads.fresh:
-                        self._launching(kernel, inputs, outputs, tape, frame)
-                        return inputs
-            if count:  # its reads noted
+            if live and self._writes(kernel, inputs, outputs, written):
+                self._launching(kernel, inputs, outputs, tape, frame)  # copies due first
+                return inputs
+            if inputs:  # its reads noted
                 noting = live[-1] if live else None
                 if noting is None or noting.tape() is not tape:
                     noting = self._reads_of(tape)
@@ -173,16 +162,17 @@ class Launches:
             runtime = self._context.runtime
             tape = runtime.tape if record and runtime is not None else None
             if tape is not None or self._live:
-                self._rare_launch(kernel, inputs, outputs, tape, frame)
+                self._launch_full(kernel, inputs, outputs, tape, frame)
         except Exception as exc:  # fail open: the launch runs as it was called
             self.fail("remedy", exc)
         return inputs
 
-    def _rare_launch(
+    def _launch_full(
         self, kernel: Any, inputs: Any, outputs: Any, tape: Any, frame: FrameType | None
     ) -> None:
-        """A launch that is unrecorded, or called by another guard's wrapper (Warp records
-        that wrapper's frame: mended at the next launch or the recording's end)."""
+        """The full path, for a launch that is unrecorded or called by another guard's
+        wrapper (Warp records that wrapper's frame: mended at the next launch or the
+        recording's end)."""
         if frame is None:
             return
         if tape is not None and frame.f_code.co_filename.startswith(OWN):
