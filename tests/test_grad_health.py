@@ -624,10 +624,24 @@ def test_the_skip_watch_posts_at_a_forward_after_a_backward_with_no_word_between
     assert "clear_runtime_states" not in vars(stage)
 
 
+def step_hooks_run() -> bool:
+    """Whether torch's own SGD runs its step pre-hooks here (unguarded)."""
+    ran: list[int] = []
+    probe = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    probe.register_step_pre_hook(lambda *_: ran.append(1))
+    probe.step()
+    return bool(ran)
+
+
 def test_an_optimizers_first_step_pre_hook_comes_first_and_goes_at_its_first_gate():
     # the guard's first-step pre-hook (finding whether the optimizer is shared before a
     # user's pre-hook can raise) runs before the user's, stays while the step never
     # reached the gate, and is gone after; observe sets none
+    if not step_hooks_run():
+        pytest.skip(
+            "this torch runs no step hook in this process: 2.1's dynamo, once "
+            "loaded, takes the hook runner off torch's optimizers"
+        )
     autograd_guard.install({"mode": "fix"})
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -89,6 +89,69 @@ def test_threads_training_models_of_their_own_never_share_a_flag(lockstep_kernel
     assert reported and all(e["parameters"] in (["weight"], None) for e in reported)
 
 
+@pytest.mark.parametrize("healthy_backward", ["before", "after"])
+def test_a_thread_stepping_while_another_threads_pass_is_recorded_keeps_its_step(
+    healthy_backward: str,
+):
+    # The probe that names a NaN's op, armed by one thread's skipped step, recorded every
+    # thread's passes and its "this pass was mended" went to the next step of any thread.
+    # A healthy thread's step between the broken thread's recorded pass and its step:
+    # with its own backward pass before that pass, the healthy step was taken for
+    # non-finite and skipped; after it, the broken step ran on the mended gradients.
+    def program() -> dict[str, list[torch.Tensor]]:
+        armed, backward_done = threading.Event(), threading.Event()
+        recorded, healthy_done = threading.Event(), threading.Event()
+        results: dict[str, list[torch.Tensor]] = {}
+
+        def model_of(scale: float) -> tuple[torch.nn.Linear, torch.optim.Optimizer]:
+            model = torch.nn.Linear(4, 1)
+            with torch.no_grad():
+                model.weight.copy_(torch.linspace(-1, 1, 4) * scale)
+                model.bias.zero_()
+            return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+        def broken() -> None:
+            model, optimizer = model_of(1.0)
+            for step in range(2):
+                if step == 1:
+                    armed.set()  # its first step was skipped: the probe is armed
+                    if healthy_backward == "before":
+                        backward_done.wait(30)
+                optimizer.zero_grad()
+                (model(torch.ones(2, 4)).sum() + sqrt_nan(model.weight)).backward()
+                if step == 1:  # its recorded pass is done: the healthy thread steps now
+                    recorded.set()
+                    healthy_done.wait(30)
+                optimizer.step()
+            results["broken"] = [p.detach().clone() for p in model.parameters()]
+
+        def healthy() -> None:
+            model, optimizer = model_of(2.0)
+            (armed if healthy_backward == "before" else recorded).wait(30)
+            optimizer.zero_grad()
+            model(torch.arange(8.0).reshape(2, 4)).pow(2).sum().backward()
+            backward_done.set()
+            recorded.wait(30)
+            optimizer.step()
+            healthy_done.set()
+            results["healthy"] = [p.detach().clone() for p in model.parameters()]
+
+        threads = [threading.Thread(target=broken), threading.Thread(target=healthy)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        return results
+
+    bare, guarded, events = twin(program, {"mode": "fix"})
+    assert not torch.equal(bare["healthy"][0], torch.linspace(-1, 1, 4)[None] * 2)  # it moved
+    assert_same(guarded["healthy"], bare["healthy"])  # its step taken, as unguarded
+    assert torch.equal(guarded["broken"][0], torch.linspace(-1, 1, 4)[None])  # both skipped
+    assert torch.equal(guarded["broken"][1], torch.zeros(1))
+    skipped = [e for e in events if e["action"] == "nonfinite_gradient"]
+    assert [e["parameters"] for e in skipped] == [["weight"]]  # the broken model's, once
+
+
 # -- 2. closures evaluated several times ------------------------------------------------
 
 

@@ -92,7 +92,7 @@ class Localiser:
     def step_done(self) -> None:
         """An optimizer step is over: a recording that is done says what it found."""
         probe = self.probe
-        if probe is not None and probe.step_done():
+        if probe is not None and probe.mine() and probe.step_done():
             self.finished(probe)
 
     def stop(self, at_exit: bool = False) -> None:
@@ -141,6 +141,8 @@ class Localiser:
             )
         elif at_exit and not probe.recorded:
             self._unknown("the run ended before another backward pass")
+        elif not probe.recorded:  # passes are recorded in the thread of the step alone
+            self._unknown("no backward pass ran in the thread of that step while it watched")
         else:
             self._unknown(
                 f"the next {probe.recorded} backward pass(es) had no non-finite gradient (a "

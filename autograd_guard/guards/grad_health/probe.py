@@ -84,8 +84,7 @@ class BackwardProbe:
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
         self._node_hook = eager(self._check_node)  # one wrapper for every node
-        self._gate: Any = None  # this pass's roots are finite (a flag on their device)
-        self._loss: Any = None  # this pass's roots' sum (on their device)
+        self.thread: int | None = None  # the thread whose step armed it: its passes alone
         self.loss: float | None = None  # the last pass's loss, where it found makers
 
     def arm(self) -> None:
@@ -95,6 +94,7 @@ class BackwardProbe:
             torch.autograd.set_detect_anomaly(True, check_nan=False)
             patch_autograd(lambda n: self._eager(self._probed(n)), self._originals, self._patched)
             self.armed = True
+            self.thread = threading.get_ident()
             self._deadline = time.monotonic() + SECONDS
         self._timer = threading.Timer(SECONDS, self.disarm)
         self._timer.daemon = True
@@ -115,8 +115,14 @@ class BackwardProbe:
         if timer is not None and timer is not threading.current_thread():
             timer.cancel()
 
+    def mine(self) -> bool:
+        """This thread armed it: its passes are recorded and its steps counted (another
+        thread's model, trained beside it, is none of its business)."""
+        return self.thread == threading.get_ident()
+
     def step_done(self) -> bool:
-        """An optimizer step is over; True once the probe is done (and disarmed)."""
+        """An optimizer step of this thread is over; True once the probe is done (and
+        disarmed)."""
         self.stepped += 1
         if self._finished() or self.stepped >= self.steps:
             self.disarm()
@@ -142,44 +148,45 @@ class BackwardProbe:
 
         def probed(*args: Any, **kwargs: Any) -> Any:
             original = self._originals[name]
-            if not self.armed or self._finished() or in_transform():
+            if not self.armed or self._finished() or in_transform() or not self.mine():
                 return original(*args, **kwargs)
             pending: list[Pending] = []  # (node, its output sums), in order
             roots = args[0] if args else kwargs.get(keyword)
-            handles = self._hook_graph(roots, pending)
+            handles, gate, loss = self._hook_graph(roots, pending)
             try:
                 return original(*args, **kwargs)
             finally:
-                self._pass_done(handles, pending)
+                self._pass_done(handles, pending, gate, loss)
 
         return probed
 
-    def _hook_graph(self, tensors: Any, pending: list[Pending]) -> list[Any]:
-        """Hooks on this pass's nodes, each writing to this pass's ``pending`` (another
-        thread's pass has its own; on CUDA the hooks run in autograd's device threads)."""
+    def _hook_graph(self, tensors: Any, pending: list[Pending]) -> tuple[list[Any], Any, Any]:
+        """Hooks on this pass's nodes, each writing to this pass's ``pending`` (on CUDA the
+        hooks run in autograd's device threads); whether its roots are finite and their
+        sum (on their device; None where no root is floating)."""
         torch = sys.modules["torch"]
-        handles = []
+        handles: list[Any] = []
+        gate = loss = None
         try:
             values, heads = pass_roots(torch, tensors)
             with torch.no_grad():
                 sums = [gradient_sum(torch, shard_of(t)) for t in values if t.is_floating_point()]
                 stacked = torch.stack(sums) if sums else None
-                self._gate = stacked.isfinite().all() if stacked is not None else None
-                self._loss = stacked.sum() if stacked is not None else None
+                gate = stacked.isfinite().all() if stacked is not None else None
+                loss = stacked.sum() if stacked is not None else None
             for node in graph_nodes(heads):
-                hook = functools.partial(self._node_hook, node, pending)
+                hook = functools.partial(self._node_hook, node, pending, gate)
                 handles.append(node.register_hook(hook))
         except Exception as exc:
             self.error = exc
-        return handles
+        return handles, gate, loss
 
-    def _pass_done(self, handles: list[Any], pending: list[Pending]) -> None:
+    def _pass_done(self, handles: list[Any], pending: list[Pending], gate: Any, loss: Any) -> None:
         self.recorded += 1
         try:
             for handle in handles:
                 handle.remove()
             torch = sys.modules["torch"]
-            gate, loss = self._gate, self._loss
             # one read: whether the roots are finite, and their sum (a repair's start)
             read = None if gate is None else torch.stack([gate.float(), loss.float()]).tolist()
             self.loss_finite = read is None or bool(read[0])
@@ -214,7 +221,7 @@ class BackwardProbe:
             self.error = exc
 
     def _check_node(
-        self, node: Any, pending: list[Pending], grad_inputs: Any, grad_outputs: Any
+        self, node: Any, pending: list[Pending], gate: Any, grad_inputs: Any, grad_outputs: Any
     ) -> Any:
         # Nodes run in topological order: the first one whose output is not finite, all
         # of whose inputs came from nodes before it, made the value.
@@ -232,7 +239,7 @@ class BackwardProbe:
                 local = mendable(node, True, grad_inputs, grad_outputs)  # if it was tainted
                 pending.append((node, outputs, sums, [name for name, _ in saved], local))
             if self.mend:  # later nodes see finite values: each maker is found in one pass
-                return mend_node(torch, node, grad_inputs, grad_outputs, self._gate)[0]
+                return mend_node(torch, node, grad_inputs, grad_outputs, gate)[0]
         except Exception as exc:
             self.error = exc
         return None

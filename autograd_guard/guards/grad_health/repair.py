@@ -106,7 +106,7 @@ class Repair:
         node made them again), or ``NONFINITE``: the non-finite step it was; None where
         no pass was mended."""
         probe = self._localiser.probe
-        if probe is None or not probe.mended:
+        if probe is None or not probe.mended or not probe.mine():  # another thread's pass
             return None
         probe.mended = False
         # a recurrence in time: this optimizer's own third non-finite step in a row (not
