@@ -55,11 +55,11 @@ class GsplatMeans2d(Guard):
         # Not differentiable (with_ut / with_eval3d, gsplat#726): nothing to keep.
         if means2d is None or not means2d.requires_grad or means2d.is_leaf:
             return result
-        import weakref
+        from torch.utils.weak import TensorWeakRef  # a weak ref that torch can resurrect
 
         # Decided in backward(), where it is known whether the user's own code (such as
         # strategy.step_pre_backward) retained the gradient: correct code logs nothing.
-        tensor, callsite = weakref.ref(means2d), call.callsite
+        tensor, callsite = TensorWeakRef(means2d), call.callsite
         node, index = means2d.grad_fn, means2d.output_nr
 
         def autograd_guard_hook(grads: tuple[Any, ...]) -> None:

@@ -21,7 +21,6 @@ import os
 import sys
 import threading
 import time
-import weakref
 
 from autograd_guard.guards.grad_health.check import gradient_sum
 from autograd_guard.guards.grad_health.dist import local_gradient as shard_of
@@ -198,7 +197,11 @@ class BackwardProbe:
             repairable = self.loss_finite and all(ok for _, _, ok in makers)
             if repairable:
                 self.makers.update(node_key(node) for node, _, _ in makers)
-                self.behind = [weakref.ref(p) for p in leaves_below([n for n, _, _ in makers])]
+                # torch's own weak refs: one taken to a tensor that only autograd holds
+                # then comes back fixed (a plain one warns when the tensor goes)
+                from torch.utils.weak import TensorWeakRef
+
+                self.behind = [TensorWeakRef(p) for p in leaves_below([n for n, _, _ in makers])]
             self.keys.append(node_key(makers[0][0]) if makers and repairable else None)
             if makers and self.loss_finite and not repairable and self.declined is None:
                 self.declined = type(next(n for n, _, ok in makers if not ok)).__name__
