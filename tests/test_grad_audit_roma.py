@@ -33,6 +33,7 @@ pytestmark = [
 SCRIPT = """
 import inspect, json, os, sys, torch
 import autograd_guard
+from autograd_guard._common import STATE
 from autograd_guard.guards.grad_audit import audit
 from autograd_guard.testing import capture_events
 
@@ -69,6 +70,16 @@ def registration(gen):
     R, t, *scale = roma.rigid_points_registration(x, y, **options)
     return grads(((x @ R.T + t - y) ** 2).sum() + sum(s.sum() for s in scale), x, y)
 
+def regularized(gen):  # the backward adds 10 * (M - R): by design, documented
+    M = torch.nn.Parameter(torch.randn(16, 3, 3, generator=gen))
+    adam = torch.optim.Adam([M], lr=0.05)
+    for _ in range(5):
+        adam.zero_grad()
+        R = roma.procrustes(M, regularization=10.0)
+        (R * torch.randn(3, 3, generator=gen)).sum().backward()
+        adam.step()
+    return [M.detach().tolist()]
+
 def fit(gen):
     target = roma.random_rotmat(8)
     M = torch.nn.Parameter(torch.randn(8, 3, 3, generator=gen))
@@ -81,17 +92,19 @@ def fit(gen):
 
 result = {"version": roma.__file__, "status": autograd_guard.status()}
 with capture_events() as events:
-    for seed, case in enumerate((special, orthonormal, registration, fit)):
+    for seed, case in enumerate(globals()[name] for name in os.environ["TEST_CASES"].split()):
         torch.manual_seed(seed)  # roma.random_rotmat draws from torch's own generator
         result[case.__name__] = case(torch.Generator().manual_seed(seed))
 result["events"] = [e["action"] for e in events if e["action"] != "summary"]
+audits = [g for g in STATE.guards if g.name == "grad_audit"]
+result["skipped"] = audits[0].skipped if audits else {}
 result["judged"] = [v if isinstance(v, str) else [p.wrong(k) for _, p, k in v] for v in judged]
 print(json.dumps(result))
 """
 CASES = ("special", "orthonormal", "registration", "fit")
 
 
-def run(version, policy):
+def run(version, policy, cases=CASES):
     folder = thirdparty.install(version)
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT],
@@ -102,6 +115,7 @@ def run(version, policy):
         env={
             "PYTHONPATH": thirdparty.first_on_path(folder),
             "TEST_POLICY": json.dumps(policy),
+            "TEST_CASES": " ".join(cases),
             "OMP_NUM_THREADS": "1",
         },
     )
@@ -120,3 +134,18 @@ def test_roma_s_procrustes_is_silent_bit_identical_and_audited_in_every_mode(ver
         assert all(guarded[case] == bare[case] for case in CASES), mode
         # three audits of RoMa's Function (its first three calls), each judged: right
         assert guarded["judged"] == [[False]] * 3, guarded["judged"]
+
+
+@pytest.mark.parametrize("version", ["roma-1.3.0", "roma-1.6.0"])
+def test_roma_s_regularized_procrustes_is_not_audited_and_its_plain_one_still_is(version):
+    # procrustes(M, regularization=10) adds 10 * (M - R) to the gradient, by design (was
+    # wrong_gradient on 1.6.0 unless listed in skip); the exit note says why
+    cases = ("orthonormal", "regularized")
+    bare = run(version, None, cases)
+    for mode in ("observe", "fix", "strict"):
+        guarded = run(version, {"mode": mode}, cases)
+        assert guarded["events"] == [], mode
+        assert all(guarded[case] == bare[case] for case in cases), mode
+        assert guarded["judged"] == [[False]], guarded["judged"]  # the plain call, judged
+        [why] = guarded["skipped"].values()
+        assert "regularization=10" in why, guarded["skipped"]

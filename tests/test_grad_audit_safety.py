@@ -171,23 +171,97 @@ def test_a_copy_or_a_straight_through_backward_is_silent_and_unchanged(function,
     assert actions(events) == [] and torch.equal(expected, got)
 
 
-def dummy_wgrad():
-    w = torch.randn(4, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
-    w.main_grad = torch.zeros_like(w)
-    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(2), requires_grad=True)
-    DummyWgrad.apply(x, w).pow(2).sum().backward()
-    return w.main_grad
+class MegatronWgrad(Function):
+    """Stand-in of Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication with
+    gradient_accumulation_fusion (its fused CUDA kernel writes main_grad through a raw
+    pointer: here through .data, which moves no version counter): a placeholder for the
+    weight, grad_added_to_main_grad set."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w.t()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        w.main_grad.data.add_(g.t() @ x)
+        w.grad_added_to_main_grad = True
+        return g @ w, torch.zeros_like(w)
 
 
-def test_a_dummy_gradient_is_named_with_the_skip_option_in_the_remedy():
-    _, events = guarded(dummy_wgrad)
+class Regularized(Function):  # a backward that adds a term its forward does not compute
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w.t()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g @ w, g.t() @ x + 10 * (w - 1)
+
+
+def main_grad_step(function, micro_batches=1, flag=False):
+    def step():
+        w = torch.randn(4, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        w.main_grad = torch.zeros_like(w)
+        if flag:
+            w.grad_added_to_main_grad = False  # reset once per iteration, as Megatron's DDP
+        generator = torch.Generator().manual_seed(2)
+        for _ in range(micro_batches):
+            x = torch.randn(16, 8, generator=generator, requires_grad=True)
+            function.apply(x, w).pow(2).sum().backward()
+        return w.main_grad, x.grad
+
+    return step
+
+
+@pytest.mark.parametrize(
+    ("function", "micro_batches", "flag"),
+    [(DummyWgrad, 1, False), (MegatronWgrad, 3, True)],
+    ids=["main_grad_written", "megatron_flag_over_micro_batches"],
+)
+@pytest.mark.parametrize("mode", ["observe", "strict"])
+def test_a_gradient_delivered_to_main_grad_is_silent_and_unchanged(
+    function, micro_batches, flag, mode
+):
+    # Megatron-LM's and Transformer Engine's fused weight-gradient accumulation: the
+    # weight's gradient goes to main_grad, a placeholder is returned (was wrong_gradient
+    # unless listed in skip); the input's gradient is still judged
+    expected = main_grad_step(function, micro_batches, flag)()
+    got, events = guarded(main_grad_step(function, micro_batches, flag), mode=mode, audits=3)
+    assert actions(events) == [] and all(map(torch.equal, expected, got))
+    assert got[0].abs().sum() > 0  # the weight's gradient went there
+
+
+def test_an_input_beside_main_grad_is_still_judged():
+    class WrongInput(Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x, w)
+            return x @ w.t()
+
+        @staticmethod
+        def backward(ctx, g):
+            x, w = ctx.saved_tensors
+            w.main_grad.add_(g.t() @ x)
+            return 0.5 * (g @ w), torch.zeros_like(w)  # the input's gradient halved
+
+    _, events = guarded(main_grad_step(WrongInput))
     [event] = [e for e in events if e["action"] == "wrong_gradient"]
-    assert "skip" in event["remedy"] and event["function"].endswith("DummyWgrad")
+    assert event["function"].endswith("WrongInput")
 
 
-@pytest.mark.parametrize("pattern", [f"{__name__}.DummyWgrad", "test_grad_audit_s*.Dummy*"])
+def test_a_gradient_wrong_by_design_is_named_with_the_skip_option_in_the_remedy():
+    _, events = guarded(main_grad_step(Regularized))
+    [event] = [e for e in events if e["action"] == "wrong_gradient"]
+    assert "skip" in event["remedy"] and event["function"].endswith("Regularized")
+
+
+@pytest.mark.parametrize("pattern", [f"{__name__}.Regularized", "test_grad_audit_s*.Regul*"])
 def test_the_skip_option_exempts_a_function_by_name_or_pattern(pattern):
-    _, events = guarded(dummy_wgrad, skip=[pattern])
+    _, events = guarded(main_grad_step(Regularized), skip=[pattern])
     assert actions(events) == []
 
 

@@ -135,7 +135,12 @@ class GradAudit(Calls, Guard):
             self._name(site, "grad_output_modified", event, _backward.MODIFIED_REMEDY, op)
 
         judge = self._judge(op, site, audit) if audit is not None else None
-        _backward.watch(node, modified, judge, lambda exc: self.fail("backward hook", exc))
+
+        def failed(exc: BaseException) -> None:
+            self.fail("backward hook", exc)
+
+        prepare = audit.rerun.elsewhere.before if audit is not None else None
+        _backward.watch(node, modified, judge, failed, prepare)
 
     def _judge(self, op: str, site: str, audit: Audit) -> Callable[..., None]:
         def judge(grad_inputs: tuple[Any, ...], grad_outputs: list[Any]) -> None:

@@ -52,8 +52,11 @@ class Audit:
         if dtype is None and self._low_precision(torch):
             return "a float16/bfloat16 forward that refuses float64: too coarse to judge"
         positions = self.rerun.tensor_positions()
+        elsewhere = self.rerun.elsewhere.changed()  # Megatron's main_grad and the like
         perturbed, passed = [], False
         for index in self.inputs[:INPUTS]:
+            if index in elsewhere:
+                continue
             grad = grad_inputs[index] if index < len(grad_inputs) else None
             x = positions[index][1]
             if grad is not None and _straight_through(torch, grad, u, x, self.outputs):
@@ -74,6 +77,12 @@ class Audit:
             return judged
         if passed:
             return "its backward passes the incoming gradient straight through"
+        if elsewhere:
+            names = sorted({name for found in elsewhere.values() for name in found})
+            return (
+                "its backward delivers the gradient elsewhere (it wrote the input's "
+                f"{', '.join(names)})"
+            )
         return "no input changes the output when perturbed (a closure or injector)"
 
     def _low_precision(self, torch: Any) -> bool:

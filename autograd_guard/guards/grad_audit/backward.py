@@ -53,9 +53,11 @@ def watch(
     modified: Callable[[list[int]], None],
     judge: Judge | None,
     failed: Callable[[BaseException], None],
+    prepare: Callable[[], None] | None = None,
 ) -> bool:
-    """Hook ``node``: ``modified(positions)`` where the backward changed incoming gradients
-    in place, ``judge`` with what it returned. False where this torch cannot. An error of
+    """Hook ``node``: ``prepare()`` just before it runs, ``modified(positions)`` where the
+    backward changed incoming gradients in place, ``judge`` with what it returned. False
+    where this torch cannot. An error of
     the hooks' own goes to ``failed`` (the backward goes on); what ``modified`` and
     ``judge`` raise (strict's ``GuardError``) comes out of ``backward()``."""
     if not hasattr(node, "register_prehook"):
@@ -66,6 +68,8 @@ def watch(
 
     def before(grad_outputs: tuple[Any, ...]) -> None:
         try:
+            if prepare is not None:
+                prepare()
             # a meta tensor has no values to compare
             kept[:] = [_keep(g, copied) if _valued(g) else None for g in grad_outputs]
         except Exception as exc:

@@ -20,6 +20,7 @@ from autograd_guard.errors import GuardError
 from autograd_guard.guards.grad_audit import structure as _structure
 from autograd_guard.guards.grad_audit.audit import Audit
 from autograd_guard.guards.grad_audit.backward import node_of
+from autograd_guard.guards.grad_audit.by_design import by_design
 from autograd_guard.guards.grad_audit.rerun import Rerun, plain
 
 TYPE_CHECKING = False
@@ -111,6 +112,10 @@ class Calls:
         if kwargs or not self._in_scope(cls) or _once_differentiable(torch, cls):
             return None
         if _distributed(torch) or _elements(torch, args) > self.config["max_elements"]:
+            return None
+        why = by_design(f"{cls.__module__}.{cls.__qualname__}", args)
+        if why is not None:  # not counted: a call of the same Function without it is
+            self._skip(cls, why)
             return None
         key = class_key(cls)
         with self._lock:

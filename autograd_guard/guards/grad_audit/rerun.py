@@ -22,6 +22,8 @@ import random
 import sys
 import warnings
 
+from autograd_guard.guards.grad_audit.elsewhere import Elsewhere
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -76,6 +78,7 @@ class Rerun:
         self.args = tuple(_copy(torch, a) for a in args)
         self.kwargs = {k: _copy(torch, v) for k, v in kwargs.items()}
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        self.elsewhere = Elsewhere(tensors)  # inputs whose gradient goes to an attribute
         self.devices = list({t.device for t in tensors})
         self.versions = [t._version for t in tensors]
         self.states = random_states(torch, self.devices)
