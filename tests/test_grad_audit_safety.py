@@ -171,16 +171,11 @@ def test_a_copy_or_a_straight_through_backward_is_silent_and_unchanged(function,
     assert actions(events) == [] and torch.equal(expected, got)
 
 
-class MegatronWgrad(Function):
+class MegatronWgrad(DummyWgrad):
     """Stand-in of Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication with
     gradient_accumulation_fusion (its fused CUDA kernel writes main_grad through a raw
     pointer: here through .data, which moves no version counter): a placeholder for the
     weight, grad_added_to_main_grad set."""
-
-    @staticmethod
-    def forward(ctx, x, w):
-        ctx.save_for_backward(x, w)
-        return x @ w.t()
 
     @staticmethod
     def backward(ctx, g):
@@ -190,12 +185,7 @@ class MegatronWgrad(Function):
         return g @ w, torch.zeros_like(w)
 
 
-class Regularized(Function):  # a backward that adds a term its forward does not compute
-    @staticmethod
-    def forward(ctx, x, w):
-        ctx.save_for_backward(x, w)
-        return x @ w.t()
-
+class Regularized(DummyWgrad):  # a backward that adds a term its forward does not compute
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
@@ -236,12 +226,7 @@ def test_a_gradient_delivered_to_main_grad_is_silent_and_unchanged(
 
 
 def test_an_input_beside_main_grad_is_still_judged():
-    class WrongInput(Function):
-        @staticmethod
-        def forward(ctx, x, w):
-            ctx.save_for_backward(x, w)
-            return x @ w.t()
-
+    class WrongInput(DummyWgrad):
         @staticmethod
         def backward(ctx, g):
             x, w = ctx.saved_tensors
