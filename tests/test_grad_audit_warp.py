@@ -3,7 +3,11 @@
 gradient bit-identical) and handing Warp the incoming gradient itself, whose adjoint launch
 zeroes it in place (the residual branch beside the Function loses its gradient: named); and
 a tape inside a Function that records a ``wp.copy``, whose adjoint 1.16.0 gets wrong
-(warp#1728: the finite-difference audit names it; 1.17.0, fixed, is silent)."""
+(warp#1728: the finite-difference audit names it; 1.17.0, fixed, is silent); and a
+``@wp.func`` with a loop whose count is known at run time only, applying a nonlinear op
+to its accumulator (warp#1740, #729: the adjoint skips the loop and reads the
+accumulator's initial value, so the gradient is exactly 0; no release fixes it, Warp's
+docs move the op into the kernel)."""
 
 from __future__ import annotations
 
@@ -185,3 +189,111 @@ def test_a_large_incoming_gradient_zeroed_through_warp_s_pointer_is_named(tmp_pa
     [event] = found(result)
     assert event["action"] == "grad_output_modified" and event["function"] == "__main__.Mul"
     assert event["callsite"] == line_of("loss = ((p + Mul.apply(p, q)) ** 2).sum()")
+
+
+# warp#1740 (#729, open; docs: #1754), as a user writes it: a shape parameter through a
+# Warp energy in a Function beside a torch head, trained with Adam
+LOOP = (
+    PREAMBLE
+    + """
+@wp.func
+def squared_norm_squared(x: wp.array(dtype=float), n: int):
+    total = float(0.0)
+    for i in range(n):  # n is known at run time only: a dynamic loop
+        total += x[i] * x[i]
+    return total * total  # a nonlinear op on the accumulator, inside the func
+
+@wp.func
+def squared_norm(x: wp.array(dtype=float), n: int):
+    total = float(0.0)
+    for i in range(n):
+        total += x[i] * x[i]
+    return total
+
+@wp.kernel
+def energy(x: wp.array(dtype=float), n: wp.array(dtype=int), out: wp.array(dtype=float)):
+    out[0] = squared_norm_squared(x, n[0])
+
+@wp.kernel
+def energy_documented(x: wp.array(dtype=float), n: wp.array(dtype=int), out: wp.array(dtype=float)):
+    total = squared_norm(x, n[0])
+    out[0] = total * total  # Warp's documented form: the nonlinear op in the kernel
+
+class Energy(torch.autograd.Function):
+    KERNEL = energy
+    @staticmethod
+    def forward(ctx, x):
+        ctx.x = wp.from_torch(x.detach().clone(), requires_grad=True)
+        ctx.n = wp.array([x.shape[0]], dtype=int)
+        ctx.out = wp.zeros(1, dtype=float, requires_grad=True)
+        ctx.tape = wp.Tape()
+        with ctx.tape:
+            wp.launch(Energy.KERNEL, 1, inputs=[ctx.x, ctx.n], outputs=[ctx.out])
+        return wp.to_torch(ctx.out).clone()
+    @staticmethod
+    def backward(ctx, g):
+        ctx.tape.backward(grads={ctx.out: wp.from_torch(g.contiguous().clone())})
+        grad = wp.to_torch(ctx.x.grad).clone()
+        ctx.tape.zero()
+        return grad
+
+result = {"version": wp.config.version}
+def train(kernel):
+    Energy.KERNEL = kernel
+    torch.manual_seed(0)
+    shape = torch.nn.Parameter(torch.randn(4) * 0.5)
+    head = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.Adam([shape, *head.parameters()], lr=0.05)
+    x, y = torch.randn(32, 3), torch.randn(32, 1)
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss = Energy.apply(shape).sum() + torch.nn.functional.mse_loss(head(x), y)
+        try:
+            loss.backward()
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        optimizer.step()
+    return {"shape": shape.detach().tolist(), "head": head.weight.detach().tolist()}
+
+with capture_events() as events:
+    result[FORM] = train({"documented": energy_documented, "stale": energy}[FORM])
+FIELDS = ("action", "guard", "callsite", "event", "function", "parameters")
+result["events"] = [{k: e.get(k) for k in FIELDS} for e in events if e["action"] != "summary"]
+print(json.dumps(result))
+"""
+)
+
+
+def loop_run(version, form, policy, tmp_path, warp_cache):
+    script = LOOP.replace("[FORM]", f"[{form!r}]")
+    result = run(version, policy, tmp_path, warp_cache, script=script)
+    assert result["version"] == version
+    return result
+
+
+@pytest.mark.parametrize("version", [NEWEST, AFFECTED])
+@pytest.mark.parametrize("mode", ["observe", "fix", "strict"])
+def test_warp_1740_s_stale_loop_adjoint_is_named_at_its_first_call(
+    version, mode, tmp_path, warp_cache
+):
+    bare = loop_run(version, "stale", None, tmp_path, warp_cache)
+    right = loop_run(version, "documented", None, tmp_path, warp_cache)
+    assert bare["stale"]["shape"] != right["documented"]["shape"]  # the shape never trains
+    guarded = loop_run(version, "stale", {"mode": mode}, tmp_path, warp_cache)
+    line = next(i for i, t in enumerate(LOOP.splitlines(), 1) if "Energy.apply(shape)" in t)
+    if mode == "strict":
+        assert guarded["stale"]["error"].startswith("GuardError"), guarded["stale"]
+        [event] = guarded["events"]
+    else:
+        assert guarded["stale"] == bare["stale"]  # named, never changed
+        event, zero = guarded["events"]
+        assert zero["action"] == "zero_gradient_parameter" and zero["guard"] == "grad_health"
+    assert event["action"] == "wrong_gradient" and event["function"] == "__main__.Energy"
+    assert event["callsite"] == f"repro.py:{line}"
+
+
+@pytest.mark.parametrize("mode", ["observe", "fix", "strict"])
+def test_warp_s_documented_loop_form_is_silent_and_bit_identical(mode, tmp_path, warp_cache):
+    bare = loop_run(NEWEST, "documented", None, tmp_path, warp_cache)
+    guarded = loop_run(NEWEST, "documented", {"mode": mode}, tmp_path, warp_cache)
+    assert guarded["events"] == [] and guarded["documented"] == bare["documented"]
