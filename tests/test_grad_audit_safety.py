@@ -238,6 +238,66 @@ def test_an_input_beside_main_grad_is_still_judged():
     assert event["function"].endswith("WrongInput")
 
 
+class HalvedWeight(DummyWgrad):  # the weight's gradient halved, and some bookkeeping
+    KEEP = staticmethod(lambda w: None)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        HalvedWeight.KEEP(w)
+        return g @ w, 0.5 * (g.t() @ x)
+
+
+def _counter(w):
+    w.backward_calls = getattr(w, "backward_calls", 0) + 1
+
+
+def _cached_transpose(w):
+    w._wt = w.detach().t().contiguous()  # replaced at every backward, the weight's size
+
+
+def _inference_statistic(w):
+    with torch.inference_mode():
+        w.ema = w.detach() * 0.9  # an inference tensor has no version counter to read
+
+
+@pytest.mark.parametrize(
+    "keep", [_counter, _cached_transpose, _inference_statistic], ids=lambda f: f.__name__
+)
+@pytest.mark.parametrize("mode", ["observe", "strict"])
+def test_what_a_backward_keeps_on_its_input_besides_a_gradient_hides_no_wrong_one(keep, mode):
+    # a counter, a cached transpose or an inference-mode statistic set in the backward
+    # was taken for a gradient delivered elsewhere (a wrong gradient went unnamed); an
+    # inference tensor's version counter raised in the guard (strict: a GuardError)
+    HalvedWeight.KEEP = staticmethod(keep)
+
+    def step():
+        w = torch.randn(4, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        with torch.inference_mode():
+            w.ema = torch.zeros(4, 8)
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(2))
+        try:
+            HalvedWeight.apply(x, w).pow(2).sum().backward()
+        except autograd_guard.GuardError as error:
+            return str(error)
+        return w.grad
+
+    got, events = guarded(step, mode=mode)
+    assert [e["action"] for e in events if e["action"] != "audit_skipped"] == ["wrong_gradient"]
+    assert ("wrong" in got) if mode == "strict" else torch.equal(got, step())
+
+
+def test_a_number_of_any_kind_counts_as_roma_s_regularization():
+    from autograd_guard.guards.grad_audit.by_design import by_design
+
+    np = pytest.importorskip("numpy")
+    op, m = "roma.mappings._ProcrustesManualDerivatives", torch.zeros(1, 3, 3)
+    for value in (10, 10.0, np.float32(10), torch.tensor(10.0)):
+        assert "regularization=10" in by_design(op, (m, False, value, 1e-5))
+    for value in (0, 0.0, torch.tensor(0.0), None, "10"):
+        assert by_design(op, (m, False, value, 1e-5)) is None
+
+
 def test_a_gradient_wrong_by_design_is_named_with_the_skip_option_in_the_remedy():
     _, events = guarded(main_grad_step(Regularized))
     [event] = [e for e in events if e["action"] == "wrong_gradient"]

@@ -152,6 +152,71 @@ def test_a_thread_stepping_while_another_threads_pass_is_recorded_keeps_its_step
     assert [e["parameters"] for e in skipped] == [["weight"]]  # the broken model's, once
 
 
+def test_one_model_whose_backward_runs_in_two_threads_never_steps_on_a_nan():
+    # Backward on half the batch in a helper thread, half in the main thread, which steps:
+    # the probe (the main thread's) mends the main thread's pass alone, and the repair
+    # began on gradients the helper's pass had left NaN (the weights went NaN)
+    def program() -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def half(x: torch.Tensor) -> None:
+            (model(x).pow(2).mean() + sqrt_nan(model.weight)).backward()
+
+        for _ in range(8):
+            optimizer.zero_grad()
+            x = torch.randn(8, 4)
+            helper = threading.Thread(target=half, args=(x[4:],))
+            helper.start()
+            helper.join()
+            half(x[:4])
+            optimizer.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    torch.manual_seed(0)
+    initial = [p.detach().clone() for p in torch.nn.Linear(4, 1).parameters()]
+    bare, guarded, events = twin(program, {"mode": "fix"})
+    assert not all(torch.isfinite(p).all() for p in bare)
+    assert_same(guarded, initial)  # every step skipped, as a hand-written skip would
+    assert "nonfinite_repaired" not in [e["action"] for e in events]
+
+
+def test_a_probe_whose_thread_ended_ends_at_another_threads_step():
+    # A short job in a thread has one NaN step and ends while its probe records: the probe
+    # stayed until exit (anomaly mode on for 30 s, no origin for the main thread's own NaN,
+    # no repair), and said "the run ended before another backward pass"
+    def side_job() -> None:
+        w = torch.nn.Parameter(torch.ones(3))
+        optimizer = torch.optim.SGD([w], lr=0.1)
+        sqrt_nan(w).backward()
+        optimizer.step()
+
+    autograd_guard.install({"mode": "fix"})
+    try:
+        with capture_events() as events:
+            job = threading.Thread(target=side_job)
+            job.start()
+            job.join()
+            torch.manual_seed(0)
+            model = torch.nn.Linear(4, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            x = torch.randn(64, 4)
+            y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+            for _ in range(60):
+                optimizer.zero_grad()
+                ((model(x) - y).pow(2).mean() + sqrt_nan(model.weight)).backward()
+                optimizer.step()
+            anomaly = torch.is_anomaly_enabled()
+    finally:
+        autograd_guard.uninstall()
+    origins = [e["event"] for e in events if e["action"] == "nonfinite_origin"]
+    assert "no backward pass ran in the thread of that step" in origins[0]
+    assert "SqrtBackward0" in origins[1] and not anomaly
+    assert "nonfinite_repaired" in [e["action"] for e in events]
+    assert float((model(x) - y).detach().pow(2).mean()) < 1e-3  # repaired: it fits
+
+
 # -- 2. closures evaluated several times ------------------------------------------------
 
 

@@ -35,7 +35,17 @@ def by_design(op: str, args: tuple[Any, ...]) -> str | None:
     if known is None:
         return None
     position, name, what = known
-    value = args[position] if position < len(args) else None
-    if isinstance(value, (int, float)) and value != 0:
+    value = _number(args[position] if position < len(args) else None)
+    if value is not None and value != 0:
         return f"{name}={value:g}: its backward {what} by design"
     return None
+
+
+def _number(value: Any) -> float | None:
+    """A Python, NumPy or one-element tensor number, as a float; None for anything else."""
+    if value is None or isinstance(value, str):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None

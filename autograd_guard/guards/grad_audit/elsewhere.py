@@ -7,14 +7,15 @@ placeholder for the weight (zeros, an empty tensor, or None) with
 ``weight.grad_added_to_main_grad = True``: the returned gradient differs from the
 derivative by design, and the optimizer reads ``main_grad``. Any release of either.
 
-Remedy: the attributes of each tensor argument (its ``__dict__``: ``main_grad``, flags)
-are read just before the call's backward runs and again after: an input one of whose
-tensor attributes the backward wrote in place, or whose attributes it set, replaced or
-removed, or that holds ``main_grad`` with ``grad_added_to_main_grad`` set, has its
-gradient delivered there and is not judged; its other inputs still are
-(where none is left, the exit note says why the call was not audited). A write through
-a raw pointer that leaves both the version counter and every attribute as they were is
-not seen.
+Remedy: the tensor attributes of each tensor argument (its ``__dict__``) of the
+argument's own number of elements are read just before the call's backward runs and
+again after: an input one of which the backward wrote in place (an accumulator like
+``main_grad``), or that holds ``main_grad`` with ``grad_added_to_main_grad`` set, has its
+gradient delivered there and is not judged; its other inputs still are (where none is
+left, the exit note says why the call was not audited). Other attributes a backward sets
+or replaces (a counter, a cached transpose, a statistic a user's hook keeps) are not
+taken for a gradient. A write through a raw pointer that moves no version counter is not
+seen (the flag covers Megatron's and Transformer Engine's fused kernels).
 """
 
 from __future__ import annotations
@@ -33,44 +34,55 @@ ADDED = "grad_added_to_main_grad"
 
 
 class Elsewhere:
-    """The attributes of one call's tensor arguments (by their index among the tensor
-    arguments, torch's order), as the backward found and left them."""
+    """The accumulator-like attributes of one call's tensor arguments (by their index
+    among the tensor arguments, torch's order), as the backward found and left them."""
 
-    __slots__ = ("_attributes", "_before")
+    __slots__ = ("_attributes", "_before", "_sizes")
 
     def __init__(self, tensors: list[Any]) -> None:
         # the dicts, not the tensors: an input the graph does not save is not kept alive
-        self._attributes = {
-            index: attributes
-            for index, tensor in enumerate(tensors)
-            if (attributes := getattr(tensor, "__dict__", None)) is not None
-        }
-        self._before: dict[int, tuple[Any, ...]] | None = None  # None: the backward not begun
+        self._attributes: dict[int, dict[str, Any]] = {}
+        self._sizes: dict[int, int] = {}
+        for index, tensor in enumerate(tensors):
+            attributes = getattr(tensor, "__dict__", None)
+            if attributes is not None:
+                self._attributes[index], self._sizes[index] = attributes, tensor.numel()
+        self._before: dict[int, dict[str, int]] | None = None  # None: the backward not begun
 
     def before(self) -> None:
         """Just before the backward runs."""
-        self._before = {index: _state(d) for index, d in self._attributes.items()}
+        self._before = {
+            index: _versions(attributes, self._sizes[index])
+            for index, attributes in self._attributes.items()
+        }
 
     def changed(self) -> dict[int, list[str]]:
-        """After the backward ran: the inputs whose attributes it wrote, and their names."""
+        """After the backward ran: the inputs whose gradient went to an attribute, and
+        the attributes' names."""
         found: dict[int, list[str]] = {}
         if self._before is None:
             return found
         for index, attributes in self._attributes.items():
-            then = dict((name, rest) for name, *rest in self._before.get(index, ()))
-            now = dict((name, rest) for name, *rest in _state(attributes))
-            names = {n for n in then.keys() | now.keys() if then.get(n) != now.get(n)}
+            then = self._before.get(index, {})
+            now = _versions(attributes, self._sizes[index])
+            names = {name for name, version in now.items() if then.get(name, version) != version}
             if attributes.get(ADDED) is True and "main_grad" in attributes:
-                names.add(ADDED)  # set already by an earlier micro-batch's backward
+                names.add(ADDED)  # set by this backward, or an earlier micro-batch's
             if names:
                 found[index] = sorted(names)
         return found
 
 
-def _state(attributes: dict[str, Any]) -> tuple[tuple[Any, ...], ...]:
-    """Each attribute's name, the object held, and a tensor's version counter."""
+def _versions(attributes: dict[str, Any], size: int) -> dict[str, int]:
+    """The version counters of the tensor attributes of ``size`` elements (an inference
+    tensor has none: it cannot be written by autograd's code either)."""
     tensor = sys.modules["torch"].Tensor
-    return tuple(
-        (name, id(value), value._version if isinstance(value, tensor) else None)
-        for name, value in list(attributes.items())
-    )
+    found = {}
+    for name, value in list(attributes.items()):
+        if isinstance(value, tensor) and not value.is_inference():
+            try:
+                if value.numel() == size:
+                    found[name] = value._version
+            except RuntimeError:  # a tensor without a version counter
+                continue
+    return found

@@ -17,6 +17,7 @@ optimizer (``Records``) and which steps are in progress on each thread.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 from typing import NamedTuple
@@ -311,20 +312,22 @@ class StepFlow:
             )
         if not grads:
             return RUN
+        first = grads[0]
+        plain = type(first) is sys.modules["torch"].Tensor  # not fake tensors and the like
+        local = grads if plain else [local_gradient(g) for g in grads]
         if parts.localiser.probe is not None:
-            mended = parts.repair.mended_verdict(optimizer, record, gated)
+            # a pass of another thread (not mended) may have left values non-finite
+            finite = functools.partial(parts.finite.all_finite, local)
+            mended = parts.repair.mended_verdict(optimizer, record, gated, finite)
             if mended is NONFINITE:  # a mended pass that was no repair: a non-finite step
                 return parts.nonfinite.verdict(optimizer, record, [], gated=gated)
             if mended is not None:
                 return mended
-        first = grads[0]
-        plain = type(first) is sys.modules["torch"].Tensor  # not fake tensors and the like
         slot = parts.finite.slot(first.device) if plain else None
         if slot is not None and slot.deferred:
             parts.zero.suspected(optimizer, record, grads)
             if self._lend_flag(optimizer, record, grads, slot):
                 return RUN
-        local = grads if plain else [local_gradient(g) for g in grads]
         flag = parts.zero.probe_for(record, local) if sharing is None else None
         return self._verdict(optimizer, record, consumed, local, slot, flag, gated, evaluation)
 

@@ -90,9 +90,13 @@ class Localiser:
             return probe
 
     def step_done(self) -> None:
-        """An optimizer step is over: a recording that is done says what it found."""
+        """An optimizer step is over: a recording that is done says what it found; one
+        whose thread has ended, or that its timer disarmed, ends at any thread's step."""
         probe = self.probe
-        if probe is not None and probe.mine() and probe.step_done():
+        if probe is None:
+            return
+        if probe.step_done() if probe.mine() else probe.orphaned():
+            probe.disarm()
             self.finished(probe)
 
     def stop(self, at_exit: bool = False) -> None:
@@ -140,9 +144,12 @@ class Localiser:
                 within=known[0] if known else None,
             )
         elif at_exit and not probe.recorded:
-            self._unknown("the run ended before another backward pass")
+            self._unknown("the run ended before another backward pass in the thread of that step")
         elif not probe.recorded:  # passes are recorded in the thread of the step alone
-            self._unknown("no backward pass ran in the thread of that step while it watched")
+            self._unknown(
+                "no backward pass ran in the thread of that step while it watched (a pass "
+                "in another thread is not recorded)"
+            )
         else:
             self._unknown(
                 f"the next {probe.recorded} backward pass(es) had no non-finite gradient (a "

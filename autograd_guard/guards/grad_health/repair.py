@@ -35,6 +35,7 @@ from autograd_guard.guards.grad_health.mending import LOSS, REST, Repairer
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from autograd_guard.guards.grad_health.compile import EagerHooks
@@ -101,10 +102,12 @@ class Repair:
     def repairs(self) -> bool:
         return self._voice.config["nonfinite_fix"] == "repair" and not self._stopped
 
-    def mended_verdict(self, optimizer: Any, record: Record, gated: bool) -> object | None:
+    def mended_verdict(
+        self, optimizer: Any, record: Record, gated: bool, finite: Callable[[], bool]
+    ) -> object | None:
         """The step after a probe pass that mended its gradients: repaired (RUN: the same
-        node made them again), or ``NONFINITE``: the non-finite step it was; None where
-        no pass was mended."""
+        node made them again, and ``finite()``: no other pass left them non-finite), or
+        ``NONFINITE``: the non-finite step it was; None where no pass was mended."""
         probe = self._localiser.probe
         if probe is None or not probe.mended or not probe.mine():  # another thread's pass
             return None
@@ -112,7 +115,14 @@ class Repair:
         # a recurrence in time: this optimizer's own third non-finite step in a row (not
         # several models' passes of one bad batch, each on the same line)
         recurs = record.in_a_row >= RECURS - 1
-        if self._voice.mode == "fix" and probe.confirmed() and recurs and self.repairs() and gated:
+        if (
+            self._voice.mode == "fix"
+            and probe.confirmed()
+            and recurs
+            and self.repairs()
+            and gated
+            and finite()
+        ):
             self._begins(optimizer, record, probe)
             record.in_a_row = 0
             return RUN
