@@ -64,6 +64,9 @@ CONDITIONS = {  # each with its negation, "no_" + name
     "non-finite with this torch (up to 2.13)",
     "no_pytorch3d_euler_gimbal_bug": "matrix_to_euler_angles's gradient at gimbal lock is "
     "finite with this torch (2.15: clamp's backward is 0 at its bounds)",
+    "grad_audit_on": "grad_audit attaches to this torch (2.2 and newer: 2.1's Dynamo breaks "
+    "the graph at a hooked Function)",
+    "no_grad_audit_on": "grad_audit stands down with this torch (2.1)",
 }
 
 
@@ -186,4 +189,12 @@ def _asked(condition: str) -> bool:
         from autograd_guard.guards.pytorch3d_euler_gimbal import nonfinite_at_lock
 
         return nonfinite_at_lock(inspect.unwrap(rotation_conversions.matrix_to_euler_angles))
+    if condition == "grad_audit_on":
+        import torch
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
+        from autograd_guard.guards.grad_audit import GradAudit
+
+        return Version(torch.__version__.split("+")[0]) in SpecifierSet(GradAudit.affected)
     raise ValueError(f"unknown condition {condition!r}: CONDITIONS are {sorted(CONDITIONS)}")

@@ -1,6 +1,7 @@
-"""grad_audit's hook: ``torch.autograd.Function.apply`` replaced by a classmethod whose
-function looks the Function class up in a dict and, once the class has had its first
-calls looked at, calls torch's own ``apply`` straight away.
+"""grad_audit's hook: ``torch.autograd.Function.apply`` (a Python classmethod; from torch
+2.15 one written in C) replaced by a classmethod whose function looks the Function class
+up in a dict and, once the class has had its first calls looked at, calls torch's own
+``apply`` straight away.
 
 Its function is named ``apply``, as torch's is: Dynamo recognises a Function's ``apply``
 by its name and the class it is bound to (it traces the Function's ``forward`` and
@@ -53,12 +54,20 @@ class ApplyHook:
         self._saved: Any = None
 
     def install(self, function: type, first: FirstCall) -> bool:
-        """Wrap ``function.apply`` (False where this torch's is not a classmethod)."""
+        """Wrap ``function.apply``: a classmethod in Python (torch 2.1 to 2.14), or one
+        written in C (2.15: a ``classmethod_descriptor``, called with the class first).
+        False where it is neither."""
         saved = vars(function).get("apply")
-        if not isinstance(saved, classmethod) or self._function is not None:
+        if isinstance(saved, classmethod):
+            original = saved.__func__
+        elif type(saved).__name__ == "classmethod_descriptor":
+            original = saved
+        else:
+            return False
+        if self._function is not None:
             return False
         self._function, self._saved = function, saved
-        function.apply = classmethod(make_apply(saved.__func__, self.done, first))  # type: ignore[attr-defined]
+        function.apply = classmethod(make_apply(original, self.done, first))  # type: ignore[attr-defined]
         return True
 
     def uninstall(self) -> None:

@@ -8,6 +8,7 @@ exactly as unguarded, and strict stops the run at that first backward."""
 import torch
 
 TWIN = {
+    "requires": ["grad_audit_on"],
     "modes": {
         "fix": {"events": ["grad_audit/wrong_gradient"]},
         "observe": {"events": ["grad_audit/wrong_gradient"]},
