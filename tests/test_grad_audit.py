@@ -169,6 +169,7 @@ def test_the_residual_beside_a_backward_that_zeroes_its_incoming_gradient_is_wro
 
 
 def test_after_the_first_calls_a_class_costs_one_dict_lookup():
+    torch_s = vars(torch.autograd.Function)["apply"]  # in C from torch 2.15
     autograd_guard.install({"mode": "observe"})
     try:
         hook = the_guard()._hook
@@ -180,7 +181,7 @@ def test_after_the_first_calls_a_class_costs_one_dict_lookup():
         assert apply.__name__ == "apply" and apply.__wrapped__ is not None
     finally:
         autograd_guard.uninstall()
-    assert "__wrapped__" not in dir(vars(torch.autograd.Function)["apply"].__func__)
+    assert vars(torch.autograd.Function)["apply"] is torch_s  # torch's own, put back
 
 
 def test_the_caller_s_random_streams_are_left_as_they_were():
