@@ -316,8 +316,7 @@ class StepFlow:
         plain = type(first) is sys.modules["torch"].Tensor  # not fake tensors and the like
         local = grads if plain else [local_gradient(g) for g in grads]
         if parts.localiser.probe is not None:
-            # a pass of another thread (not mended) may have left values non-finite
-            finite = functools.partial(parts.finite.all_finite, local)
+            finite = functools.partial(parts.finite.all_finite, local)  # other threads' passes
             mended = parts.repair.mended_verdict(optimizer, record, gated, finite)
             if mended is NONFINITE:  # a mended pass that was no repair: a non-finite step
                 return parts.nonfinite.verdict(optimizer, record, [], gated=gated)
