@@ -57,7 +57,8 @@ class ApplyHook:
         """Wrap ``function.apply``: a classmethod in Python (torch 2.1 to 2.14), or one
         written in C (2.15: a ``classmethod_descriptor``, called with the class first).
         False where it is neither."""
-        saved = vars(function).get("apply")
+        saved: Any = vars(function).get("apply")
+        original: Callable[..., Any]
         if isinstance(saved, classmethod):
             original = saved.__func__
         elif type(saved).__name__ == "classmethod_descriptor":
