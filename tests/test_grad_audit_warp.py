@@ -25,8 +25,19 @@ pytestmark = [
 ]
 
 NEWEST, AFFECTED, FIXED = "1.19.0", "1.16.0", "1.17.0"
+# A Function whose forward records a tape from ctx.x to ctx.out, as users of Warp write one
+TAPED = """
+class Taped(torch.autograd.Function):
+    @staticmethod
+    def backward(ctx, g):
+        ctx.tape.backward(grads={ctx.out: wp.from_torch(g.contiguous().clone())})
+        grad = wp.to_torch(ctx.x.grad).clone()
+        ctx.tape.zero()
+        return grad
+"""
 SCRIPT = (
     PREAMBLE
+    + TAPED
     + '''
 @wp.kernel
 def mul(a: wp.array(dtype=float), b: wp.array(dtype=float), c: wp.array(dtype=float)):
@@ -59,7 +70,7 @@ class Mul(torch.autograd.Function):
                   adj_inputs=[ctx.a.grad, ctx.b.grad], adj_outputs=[ctx.c.grad], adjoint=True)
         return wp.to_torch(ctx.a.grad).clone(), wp.to_torch(ctx.b.grad).clone()
 
-class CopyThrough(torch.autograd.Function):
+class CopyThrough(Taped):
     """A tape inside a Function whose recording has a wp.copy (warp#1728): x is copied and
     read again, d out / dx = 1 + 2."""
     @staticmethod
@@ -75,12 +86,6 @@ class CopyThrough(torch.autograd.Function):
             wp.launch(double, n, inputs=[ctx.x], outputs=[ctx.z])
             wp.launch(add, n, inputs=[ctx.y, ctx.z], outputs=[ctx.out])
         return wp.to_torch(ctx.out).clone()
-    @staticmethod
-    def backward(ctx, g):
-        ctx.tape.backward(grads={ctx.out: wp.from_torch(g.contiguous().clone())})
-        grad = wp.to_torch(ctx.x.grad).clone()
-        ctx.tape.zero()
-        return grad
 
 result = {"version": wp.config.version}
 def fit(case):
@@ -195,6 +200,7 @@ def test_a_large_incoming_gradient_zeroed_through_warp_s_pointer_is_named(tmp_pa
 # Warp energy in a Function beside a torch head, trained with Adam
 LOOP = (
     PREAMBLE
+    + TAPED
     + """
 @wp.func
 def squared_norm_squared(x: wp.array(dtype=float), n: int):
@@ -219,7 +225,7 @@ def energy_documented(x: wp.array(dtype=float), n: wp.array(dtype=int), out: wp.
     total = squared_norm(x, n[0])
     out[0] = total * total  # Warp's documented form: the nonlinear op in the kernel
 
-class Energy(torch.autograd.Function):
+class Energy(Taped):
     KERNEL = energy
     @staticmethod
     def forward(ctx, x):
@@ -230,12 +236,6 @@ class Energy(torch.autograd.Function):
         with ctx.tape:
             wp.launch(Energy.KERNEL, 1, inputs=[ctx.x, ctx.n], outputs=[ctx.out])
         return wp.to_torch(ctx.out).clone()
-    @staticmethod
-    def backward(ctx, g):
-        ctx.tape.backward(grads={ctx.out: wp.from_torch(g.contiguous().clone())})
-        grad = wp.to_torch(ctx.x.grad).clone()
-        ctx.tape.zero()
-        return grad
 
 result = {"version": wp.config.version}
 def train(kernel):

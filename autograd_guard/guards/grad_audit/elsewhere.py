@@ -37,24 +37,21 @@ class Elsewhere:
     """The accumulator-like attributes of one call's tensor arguments (by their index
     among the tensor arguments, torch's order), as the backward found and left them."""
 
-    __slots__ = ("_attributes", "_before", "_sizes")
+    __slots__ = ("_attributes", "_before")
 
     def __init__(self, tensors: list[Any]) -> None:
-        # the dicts, not the tensors: an input the graph does not save is not kept alive
-        self._attributes: dict[int, dict[str, Any]] = {}
-        self._sizes: dict[int, int] = {}
-        for index, tensor in enumerate(tensors):
-            attributes = getattr(tensor, "__dict__", None)
-            if attributes is not None:
-                self._attributes[index], self._sizes[index] = attributes, tensor.numel()
+        # the dicts and sizes, not the tensors: an input the graph does not save is not
+        # kept alive
+        self._attributes = {
+            index: (attributes, tensor.numel())
+            for index, tensor in enumerate(tensors)
+            if (attributes := getattr(tensor, "__dict__", None)) is not None
+        }
         self._before: dict[int, dict[str, int]] | None = None  # None: the backward not begun
 
     def before(self) -> None:
         """Just before the backward runs."""
-        self._before = {
-            index: _versions(attributes, self._sizes[index])
-            for index, attributes in self._attributes.items()
-        }
+        self._before = {index: _versions(*kept) for index, kept in self._attributes.items()}
 
     def changed(self) -> dict[int, list[str]]:
         """After the backward ran: the inputs whose gradient went to an attribute, and
@@ -62,9 +59,9 @@ class Elsewhere:
         found: dict[int, list[str]] = {}
         if self._before is None:
             return found
-        for index, attributes in self._attributes.items():
+        for index, (attributes, size) in self._attributes.items():
             then = self._before.get(index, {})
-            now = _versions(attributes, self._sizes[index])
+            now = _versions(attributes, size)
             names = {name for name, version in now.items() if then.get(name, version) != version}
             if attributes.get(ADDED) is True and "main_grad" in attributes:
                 names.add(ADDED)  # set by this backward, or an earlier micro-batch's

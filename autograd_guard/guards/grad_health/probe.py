@@ -83,8 +83,7 @@ class BackwardProbe:
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
         self._node_hook = eager(self._check_node)  # one wrapper for every node
-        self.thread: int | None = None  # the thread whose step armed it: its passes alone
-        self._owner: threading.Thread | None = None
+        self._owner: threading.Thread | None = None  # whose step armed it: its passes alone
         self.loss: float | None = None  # the last pass's loss, where it found makers
 
     def arm(self) -> None:
@@ -94,7 +93,7 @@ class BackwardProbe:
             torch.autograd.set_detect_anomaly(True, check_nan=False)
             patch_autograd(lambda n: self._eager(self._probed(n)), self._originals, self._patched)
             self.armed = True
-            self.thread, self._owner = threading.get_ident(), threading.current_thread()
+            self._owner = threading.current_thread()
             self._deadline = time.monotonic() + SECONDS
         self._timer = threading.Timer(SECONDS, self.disarm)
         self._timer.daemon = True
@@ -118,7 +117,7 @@ class BackwardProbe:
     def mine(self) -> bool:
         """This thread armed it: its passes are recorded and its steps counted (another
         thread's model, trained beside it, is none of its business)."""
-        return self.thread == threading.get_ident()
+        return threading.current_thread() is self._owner
 
     def orphaned(self) -> bool:
         """Over for good: disarmed (its timer), or the thread that armed it has ended."""
