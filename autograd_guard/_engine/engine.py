@@ -258,6 +258,7 @@ def status() -> dict[str, Any]:
                     "state": g.state,
                     "detail": g.detail,
                     "patched": list(g.places),
+                    "notes": g.notes(),
                 }
                 for g in STATE.guards
             },

@@ -26,7 +26,6 @@ NOT_INTERVENTIONS = frozenset(
         "steps_repaired",
         "summary",
         "unused_parameter",
-        "audit_skipped",
     }
 )
 

@@ -182,6 +182,10 @@ class Guard(Interventions):
     def set_state(self, state: GuardState, detail: str = "") -> None:
         self.state, self.detail = state, detail
 
+    def notes(self) -> dict[str, Any]:
+        """What the guard noted that is no event (``status()``'s ``notes``)."""
+        return {}
+
     def attach(self, module: ModuleType, target: Target | None = None, late: bool = False) -> None:
         """``module`` was imported: gate on the version, then hook in (``_attach``) and wrap
         ``target`` (None: a module of ``modules``). ``late``: references to the target

@@ -31,15 +31,13 @@ group of more than one rank (a forward may run a collective), tensor subclasses,
 
 from __future__ import annotations
 
-import sys
-
 from autograd_guard._common.callsite import find_callsite
 from autograd_guard.guard import Guard, Option
 from autograd_guard.guards.grad_audit import backward as _backward
 from autograd_guard.guards.grad_audit import structure as _structure
 from autograd_guard.guards.grad_audit.calls import Calls
 from autograd_guard.guards.grad_audit.hook import ApplyHook
-from autograd_guard.guards.grad_audit.verdict import WRONG_REMEDY, wrong_event
+from autograd_guard.guards.grad_audit.library import installed
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,6 +47,7 @@ if TYPE_CHECKING:
 
     from autograd_guard.guard import Target
     from autograd_guard.guards.grad_audit.audit import Audit
+    from autograd_guard.guards.grad_audit.injected import Injected
 
 
 class GradAudit(Calls, Guard):
@@ -105,11 +104,8 @@ class GradAudit(Calls, Guard):
         self._named: set[tuple[str, str, str]] = set()
 
     def _attach(self, module: ModuleType, target: Target | None) -> None:
-        from autograd_guard._events import events as _events
-
         if not self._hook.install(module.Function, self._first_call):
             raise RuntimeError("torch.autograd.Function.apply is not a classmethod here")
-        _events.at_exit(self._exit_note)
 
     def _detach(self) -> None:
         self._hook.uninstall()
@@ -129,7 +125,7 @@ class GradAudit(Calls, Guard):
         event = _structure.cut_event(op, count, kind, beside)
         self._name(site, "cut_gradient", event, _structure.CUT_REMEDY, op)
 
-    def _watch(self, op: str, site: str, node: Any, audit: Audit | None) -> None:
+    def _watch(self, op: str, site: str, node: Any, audit: Audit | Injected | None) -> None:
         def modified(positions: list[int]) -> None:
             event = _backward.modified_event(op, positions)
             self._name(site, "grad_output_modified", event, _backward.MODIFIED_REMEDY, op)
@@ -142,7 +138,7 @@ class GradAudit(Calls, Guard):
         prepare = audit.rerun.elsewhere.before if audit is not None else None
         _backward.watch(node, modified, judge, failed, prepare)
 
-    def _judge(self, op: str, site: str, audit: Audit) -> Callable[..., None]:
+    def _judge(self, op: str, site: str, audit: Audit | Injected) -> Callable[..., None]:
         def judge(grad_inputs: tuple[Any, ...], grad_outputs: list[Any]) -> None:
             found = self._rerun_safely(audit, grad_inputs, grad_outputs)
             if isinstance(found, str):
@@ -150,29 +146,22 @@ class GradAudit(Calls, Guard):
                 return
             for position, numbers, kind in found:
                 if numbers.wrong(kind):
-                    event = wrong_event(op, position, numbers, kind)
-                    self._name(site, "wrong_gradient", event, WRONG_REMEDY, op)
+                    event = audit.event(op, position, numbers, kind)
+                    self._name(site, "wrong_gradient", event, audit.remedy, audit.function(op))
                     return
 
         return judge
 
-    def _exit_note(self) -> None:
-        if not (self.active and self.skipped):
-            return
-        reasons = "; ".join(f"{op}: {why}" for op, why in sorted(self.skipped.items())[:20])
-        self.emit(
-            f"finite-difference audits skipped: {reasons}",
-            action="audit_skipped",
-            callsite="<exit>",
-            level="info",
-            remedy="nothing to do: a skipped audit is silent, not a finding",
-        )
+    def notes(self) -> dict[str, Any]:
+        """The audits skipped, and why (in ``status()``: a skipped audit is no finding,
+        and correct code produces no event)."""
+        return {"audits_skipped": dict(sorted(self.skipped.items()))}
 
     def site_of(self, cls: type) -> str:
+        """The user's line: the first frame outside the Function's library (where it is
+        one: installed, not the program's own code)."""
         package = cls.__module__.partition(".")[0]
-        module = sys.modules.get(package)
-        library = "-packages" in (getattr(module, "__file__", None) or "")
-        return find_callsite(*((package,) if library else ()))
+        return find_callsite(*((package,) if installed(package) else ()))
 
 
 GUARD = GradAudit

@@ -17,7 +17,14 @@ from __future__ import annotations
 
 import sys
 
-from autograd_guard.guards.grad_audit.verdict import ROUNDING, STEP, Projections, kind_of
+from autograd_guard.guards.grad_audit.verdict import (
+    ROUNDING,
+    STEP,
+    WRONG_REMEDY,
+    Projections,
+    kind_of,
+    wrong_event,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,6 +43,14 @@ class Audit:
         self.rerun = rerun
         self.outputs = outputs  # the real outputs (detached), None where not differentiable
         self.inputs = inputs  # positions in grad_inputs (torch's order of tensor arguments)
+        self.remedy = WRONG_REMEDY
+
+    def event(self, op: str, position: Any, numbers: Projections, kind: str) -> str:
+        return wrong_event(op, position, numbers, kind)
+
+    def function(self, op: str) -> str:
+        """What the event's ``function`` field names: the Function."""
+        return op
 
     def judge(self, grad_inputs: tuple[Any, ...], grad_outputs: list[Any]) -> list[Any] | str:
         """(argument position, Projections, kind) of each input judged; else why it was
@@ -66,9 +81,9 @@ class Audit:
             if grad is not None and runs is not None:  # None: perturbing changes nothing
                 perturbed.append((index, grad, runs))
         base = self.rerun.run({})
-        if not _same(torch, base, self.outputs, 1e-5):
+        if not same(torch, base, self.outputs, 1e-5):
             return "a re-run at the same point did not reproduce the output"
-        at_base = _dot(u, wide or base, self.outputs)
+        at_base = dot(u, wide or base, self.outputs)
         judged = []
         for index, grad, (v, h, dots, size) in perturbed:
             numbers = self._projections(u, grad, v, h, dots, at_base, size, positions[index][1])
@@ -101,7 +116,7 @@ class Audit:
         except Exception:
             return None, None
         outputs = [o for o, r in zip(wide, self.outputs, strict=False) if r is not None]
-        if any(o is None or o.dtype != torch.float64 for o in outputs) or not _same(
+        if any(o is None or o.dtype != torch.float64 for o in outputs) or not same(
             torch, wide, self.outputs, 1e-3
         ):
             return None, None
@@ -119,11 +134,11 @@ class Audit:
         down = self.rerun.run({where: x - h * v}, dtype)
         if all(_equal(torch, a, b) for a, b in zip(up, down, strict=True)):
             return None
-        size = _norm(u) * _norm(_diffs(up, down, 2 * h, real))
-        dots = {h: _dot(u, up, real), -h: _dot(u, down, real)}
+        size = norm(u) * norm(diffs(up, down, 2 * h, real))
+        dots = {h: dot(u, up, real), -h: dot(u, down, real)}
         del up, down
         for t in (h / 2, -h / 2):
-            dots[t] = _dot(u, self.rerun.run({where: x + t * v}, dtype), real)
+            dots[t] = dot(u, self.rerun.run({where: x + t * v}, dtype), real)
         return v, h, dots, size
 
     def _projections(
@@ -135,7 +150,7 @@ class Audit:
             half=(dots[h / 2] - dots[-h / 2]) / h,
             forward=(dots[h] - base) / h,
             backward_side=(base - dots[-h]) / h,
-            scale=size + _norm([grad]) * _norm([v]),
+            scale=size + norm([grad]) * norm([v]),
             rounding=self._rounding(u, v, x),
         )
 
@@ -147,17 +162,17 @@ class Audit:
         outputs = sum(float(o.double().pow(2).mean()) for o in real) ** 0.5
         inputs = float(x.double().pow(2).mean()) ** 0.5 if x.numel() else 0.0
         ratio = outputs / inputs if inputs > 0 else 1.0
-        return ROUNDING[kind] * _norm(u) * _norm([v]) * ratio
+        return ROUNDING[kind] * norm(u) * norm([v]) * ratio
 
 
-def _diffs(a: tuple[Any, ...], b: tuple[Any, ...], step: float, real: tuple[Any, ...]) -> list[Any]:
+def diffs(a: tuple[Any, ...], b: tuple[Any, ...], step: float, real: tuple[Any, ...]) -> list[Any]:
     return [
         (x.double() - y.double()) / step if r is not None and x is not None else None
         for x, y, r in zip(a, b, real, strict=False)
     ]
 
 
-def _dot(u: list[Any], outputs: tuple[Any, ...], real: tuple[Any, ...]) -> float:
+def dot(u: list[Any], outputs: tuple[Any, ...], real: tuple[Any, ...]) -> float:
     """<u, outputs> over the differentiable outputs, in float64."""
     total = 0.0
     for g, o, r in zip(u, outputs, real, strict=False):
@@ -187,7 +202,7 @@ def _straight_through(torch: Any, grad: Any, u: list[Any], x: Any, outputs: Any)
     )
 
 
-def _norm(tensors: list[Any]) -> float:
+def norm(tensors: list[Any]) -> float:
     return float(sum(float(t.double().pow(2).sum()) for t in tensors if t is not None) ** 0.5)
 
 
@@ -195,7 +210,7 @@ def _equal(torch: Any, a: Any, b: Any) -> bool:
     return (a is None) == (b is None) and (a is None or torch.equal(a, b))
 
 
-def _same(torch: Any, got: tuple[Any, ...], real: tuple[Any, ...], relative: float) -> bool:
+def same(torch: Any, got: tuple[Any, ...], real: tuple[Any, ...], relative: float) -> bool:
     """The re-run's outputs are the real ones (where differentiable), within ``relative``
     of the largest value."""
     if len(got) != len(real):

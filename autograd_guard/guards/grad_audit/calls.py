@@ -17,6 +17,7 @@ import time
 
 from autograd_guard._events import events as _events
 from autograd_guard.errors import GuardError
+from autograd_guard.guards.grad_audit import injected as _injected
 from autograd_guard.guards.grad_audit import structure as _structure
 from autograd_guard.guards.grad_audit.audit import Audit
 from autograd_guard.guards.grad_audit.backward import node_of
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from autograd_guard.guards.grad_audit.hook import ApplyHook
+    from autograd_guard.guards.grad_audit.injected import Injected
 
 CALLS = 64  # calls of a class looked at, at most (those without grad included)
 LOOKED = 3  # calls of a class with inputs requiring grad checked (structure, backward)
@@ -45,7 +47,7 @@ class Calls:
     fail: Callable[[str, BaseException], None]
     site_of: Callable[[type], str]
     _cut: Callable[[str, str, int, str, bool], None]
-    _watch: Callable[[str, str, Any, Audit | None], None]
+    _watch: Callable[[str, str, Any, Audit | Injected | None], None]
 
     def _init_calls(self) -> None:
         self._lock = threading.Lock()
@@ -84,7 +86,7 @@ class Calls:
             if why is not None:
                 self._skip(cls, why)
                 rerun = None
-        self._guarded("check", self._after, cls, output, rerun)
+        self._guarded("check", self._after, cls, output, rerun, args)
         return output
 
     def _bound(self) -> float:
@@ -140,7 +142,7 @@ class Calls:
             return False
         return scope == "everywhere" or package in PATCHED
 
-    def _after(self, cls: type, output: Any, rerun: Rerun | None) -> None:
+    def _after(self, cls: type, output: Any, rerun: Rerun | None, args: tuple[Any, ...]) -> None:
         op = f"{cls.__module__}.{cls.__qualname__}"
         cut, beside, kind = _structure.cut_outputs(output)
         if cut:
@@ -152,11 +154,14 @@ class Calls:
             return
         audit = None
         if rerun is not None and not getattr(node, "dirty_tensors", None):
-            audit = self._audit_of(cls, output, node, rerun)
+            audit = self._audit_of(cls, output, node, rerun, args)
         self._watch(op, self.site_of(cls), node, audit)
 
-    def _audit_of(self, cls: type, output: Any, node: Any, rerun: Rerun) -> Audit | None:
-        """The call's audit, or None (and why, in the exit note)."""
+    def _audit_of(
+        self, cls: type, output: Any, node: Any, rerun: Rerun, args: tuple[Any, ...]
+    ) -> Audit | Injected | None:
+        """The call's audit (an injector's: through its library call), or None (and why,
+        in the exit note)."""
         top = output if isinstance(output, tuple) else (output,)
         torch = sys.modules["torch"]
         real = tuple(
@@ -171,14 +176,15 @@ class Calls:
             self._skip(cls, "its inputs and outputs hold more than max_elements")
             return None
         copies = [a for a in rerun.args if isinstance(a, torch.Tensor)]
-        if any(_copy_of(torch, t, copies) for t in outputs):
-            self._skip(
-                cls,
-                "an output is a copy or view of an input: its backward "
-                "defines its gradient (gradient reversal, scaling, injection)",
-            )
-            return None
         needs = getattr(node, "needs_input_grad", ())
+        if any(_copy_of(torch, t, copies) for t in outputs):
+            injected = len(outputs) == 1 and _injected.plan(
+                cls, args, outputs[0], needs, rerun, self.config
+            )
+            if not isinstance(injected, _injected.Injected):
+                self._skip(cls, injected or _injected.COPY)
+                return None
+            return injected
         tensors = [i for i, a in enumerate(rerun.args) if isinstance(a, torch.Tensor)]
         inputs = [n for n, i in enumerate(tensors) if i < len(needs) and needs[i]]
         if inputs and any(t.is_floating_point() for t in outputs):
@@ -186,7 +192,7 @@ class Calls:
         return None
 
     def _rerun_safely(
-        self, audit: Audit, grad_inputs: tuple[Any, ...], grad_outputs: list[Any]
+        self, audit: Audit | Injected, grad_inputs: tuple[Any, ...], grad_outputs: list[Any]
     ) -> list[Any] | str:
         """The audit's verdicts, run with the guard busy; an exception of the forward's
         own skips the audit."""

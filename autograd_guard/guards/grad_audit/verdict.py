@@ -44,10 +44,12 @@ class Projections:
         backward_side: float,
         scale: float,
         rounding: float = 0.0,
+        relative: float = RELATIVE,
     ) -> None:
         self.backward, self.central, self.half = backward, central, half
         self.forward, self.backward_side = forward, backward_side
         self.floor = max(FLOOR * scale, rounding)
+        self.relative = relative
 
     def error(self, numeric: float) -> float:
         """The relative error of the backward's projection against ``numeric``."""
@@ -69,11 +71,11 @@ class Projections:
         return (self.backward, self.central, self.half, self.forward, self.backward_side)
 
     def wrong(self, kind: str) -> bool:
-        """A discrepancy: trustworthy, and over ``RELATIVE`` at both step sizes."""
+        """A discrepancy: trustworthy, and over ``relative`` at both step sizes."""
         return (
             self.trustworthy(kind)
-            and self.error(self.central) > RELATIVE
-            and self.error(self.half) > RELATIVE
+            and self.error(self.central) > self.relative
+            and self.error(self.half) > self.relative
         )
 
 
