@@ -7,6 +7,11 @@ trials whose audit judged at least one input (not skipped), so that a silent cas
 to have been audited.
 
     python scripts/grad_audit_false_alarms.py [--trials 200]
+
+With ``--pot``, POT's losses instead (``tests/grad_audit_pot.py``: injected gradients,
+judged through their library call), with POT importable (its folder on ``PYTHONPATH``:
+``python scripts/thirdparty.py pot-0.9.4`` installs one); the KL fit counts as correct
+from POT 0.9.4 on and as the bug below it.
 """
 
 from __future__ import annotations
@@ -24,20 +29,35 @@ import torch
 import autograd_guard
 from autograd_guard._events.actions import FINDINGS
 from autograd_guard.guards.grad_audit import audit as _audit
+from autograd_guard.guards.grad_audit import injected as _injected
 from autograd_guard.testing import capture_events
 
 JUDGED: list[object] = []
 LOG = os.path.join(tempfile.mkdtemp(), "events.jsonl")  # the events, out of the table's way
 
 
-def _counting_judge() -> None:
-    original = _audit.Audit.judge
+def _counting_judge(cls: type) -> None:
+    original = cls.judge  # type: ignore[attr-defined]
 
     def judge(self, grad_inputs, grad_outputs):  # type: ignore[no-untyped-def]
         JUDGED.append(original(self, grad_inputs, grad_outputs))
         return JUDGED[-1]
 
-    _audit.Audit.judge = judge  # type: ignore[method-assign]
+    cls.judge = judge  # type: ignore[attr-defined]
+
+
+def _cases(pot: bool) -> tuple[dict, dict]:
+    """(correct cases, bug cases: name -> case)."""
+    if not pot:
+        return corpus.CLEAN, {name: case for name, (case, _) in corpus.BUGS.items()}
+    import grad_audit_pot
+    import ot
+    from packaging.version import Version
+
+    fixed = Version(ot.__version__) >= Version("0.9.4")
+    clean = {**grad_audit_pot.CLEAN, **(grad_audit_pot.FIXED_ONLY if fixed else {})}
+    print(f"POT {ot.__version__}\n")
+    return clean, ({} if fixed else grad_audit_pot.BUGS)
 
 
 def trial(case, seed: int) -> tuple[int, bool]:
@@ -57,23 +77,28 @@ def trial(case, seed: int) -> tuple[int, bool]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=200)
-    trials = parser.parse_args().trials
+    parser.add_argument("--pot", action="store_true", help="POT's losses (see above)")
+    options = parser.parse_args()
+    trials = options.trials
     torch.set_num_threads(1)
-    _counting_judge()
+    _counting_judge(_audit.Audit)
+    _counting_judge(_injected.Injected)
+    clean, bugs_cases = _cases(options.pot)
     alarms = total = 0
     print("| case | trials | audited | findings |\n|---|---|---|---|")
-    for name, case in corpus.CLEAN.items():
+    for name, case in clean.items():
         runs = [trial(case, 1000 + seed) for seed in range(trials)]
         found = sum(1 for f, _ in runs if f)
         alarms, total = alarms + found, total + trials
         print(f"| {name} | {trials} | {sum(j for _, j in runs)} | {found} |")
     caught = bugs = 0
-    for name, (case, _action) in corpus.BUGS.items():
+    for name, case in bugs_cases.items():
         found = sum(1 for seed in range(trials) if trial(case, 1000 + seed)[0])
         caught, bugs = caught + found, bugs + trials
         print(f"| {name} (bug) | {trials} | - | {found} |")
     print(f"\nfalse alarms: {alarms} in {total} trials of correct code ({alarms / total:.4%})")
-    print(f"bugs caught: {caught} in {bugs} trials ({caught / bugs:.2%})")
+    if bugs:
+        print(f"bugs caught: {caught} in {bugs} trials ({caught / bugs:.2%})")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,13 @@ PACKAGES: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
     # hand-written SVD backward (setup_context, custom_fwd, a vmap rule): grad_audit's
     # clean corpus of real differentiable geometry.
     "roma-1.6.0": (["roma==1.6.0"], {}, []),
+    # POT (Python Optimal Transport): gromov_wasserstein2's kl_loss gradient has a term of
+    # the wrong sign in 0.8.0 to 0.9.3 (PythonOT/POT#610), fixed in 0.9.4; 0.9.7.post1 is
+    # the newest. Compiled against NumPy: 0.9.3's wheels need NumPy 1 (its folder brings
+    # its own, shadowing the host's in that child only). No cp313 wheel below 0.9.5.
+    "pot-0.9.3": (["pot==0.9.3", "numpy==1.26.4", "scipy==1.13.1"], {}, ["--only-binary", ":all:"]),
+    "pot-0.9.4": (["pot==0.9.4", "scipy==1.17.1"], {}, ["--only-binary", ":all:"]),
+    "pot-0.9.7": (["pot==0.9.7.post1", "scipy==1.17.1"], {}, ["--only-binary", ":all:"]),
     # PyTorch3D's real Python code without its compiled extension.
     "pytorch3d": (
         ["easypytorch3d==0.7.9.post1"],
@@ -76,10 +83,16 @@ PACKAGES: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
 }
 
 
+# Wheels of compiled code, for the installing interpreter: a folder per Python version.
+PER_PYTHON = frozenset({"pot-0.9.3", "pot-0.9.4", "pot-0.9.7"})
+
+
 def install(name: str) -> Path:
     """The folder holding ``name``, installed on first use."""
     requirements, env, extra = PACKAGES[name]
     folder = CACHE / name
+    if name in PER_PYTHON:
+        folder = CACHE / f"{name}-py{sys.version_info.major}.{sys.version_info.minor}"
     marker = folder / ".complete"
     if not marker.exists():
         wheelenv.pip_install_target(folder, *extra, *requirements, env={**os.environ, **env})

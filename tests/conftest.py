@@ -29,6 +29,7 @@ MARKED: dict[str, str] = {
     "tests/test_warp_tape_copy.py": "download",  # Warp 1.16.0 and 1.17.0 as well
     "tests/test_grad_audit_warp.py": "download",  # Warp 1.16.0, 1.17.0 and 1.19.0
     "tests/test_grad_audit_roma.py": "download",  # RoMa 1.3.0 and 1.6.0
+    "tests/test_grad_audit_pot.py": "download",  # POT 0.9.3, 0.9.4 and 0.9.7.post1
     "tests/test_grad_health_frameworks.py": "download",  # accelerate, Lightning, ...: 34 MB
     "tests/test_grad_health_distributed.py": "slow",  # 28 two-rank torchrun jobs
     "tests/twins/test_twins.py": "slow",  # every case twice or more in a fresh venv; Warp

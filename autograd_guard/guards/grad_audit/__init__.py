@@ -5,8 +5,10 @@ finite, so nothing else notices: the loss creeps up or stalls. Seen in released
 libraries: reentrant ``torch.utils.checkpoint`` of a function that returns a list (torch
 does not track tensors inside a list: the segments' gradient is dropped, a wave-propagation
 fit went from a misfit of 730 to 9,209); an optimal-transport loss injecting a precomputed
-gradient with one term of the wrong sign; Warp's interop adjoint launch zeroing the
-incoming gradient in place, so a residual branch beside the Function gets none
+gradient with one term of the wrong sign (POT 0.8.0 to 0.9.3's ``gromov_wasserstein2``
+with ``kl_loss``: https://github.com/PythonOT/POT/pull/610, fixed in 0.9.4); Warp's
+interop adjoint launch zeroing the incoming gradient in place, so a residual branch
+beside the Function gets none
 (``gradcheck`` and anomaly mode are test-time tools, or see only NaN/Inf).
 Affected: any torch version (2.1 to 2.15), any library's Functions and the user's own.
 Upstream: https://github.com/NVIDIA/warp/issues/1728 (a wrong adjoint inside a Function).
@@ -21,7 +23,10 @@ guards patch), a finite-difference audit of the real backward at its first calls
 most ``audits`` per class): ``<backward(u), v>`` with ``u`` the gradient training passed
 against ``<u, (f(x + h v) - f(x - h v)) / 2h>`` on re-runs of the forward on copies, RNG
 replayed, in float64 where accepted; a discrepancy counts only where it holds at two step
-sizes and the one-sided differences agree (``verdict``); anything else is silent. strict
+sizes and the one-sided differences agree (``verdict``); anything else is silent. An
+injector (its one output is an input that needs no gradient, beside inputs that do: the
+value and its gradient were computed elsewhere) is judged through the installed library's
+call that computed them, re-called on perturbed copies (``library``, ``injected``). strict
 raises, observe and fix log: the audit never changes a gradient. Never audited: a
 forward that does not reproduce its output when re-run, inputs whose perturbation changes
 nothing, ``mark_dirty``, ``once_differentiable``, keyword arguments, calls under a process
@@ -85,15 +90,16 @@ class GradAudit(Calls, Guard):
             float,
             100.0,
             "a call whose real forward took longer is not audited (an audit re-runs the "
-            "forward up to 18 times)",
+            "forward up to 18 times; an injector's library call: its first re-call)",
             minimum=0,
             maximum=1e6,
         ),
         "skip": Option(
             list,
             [],
-            "Functions never audited, by qualified name (module.Class) or glob pattern "
-            '("megatron.core.*"): backwards that differ from the derivative by design',
+            "Functions never audited, and library calls whose injected gradient is never "
+            "judged, by qualified name (module.Class, module.function) or glob pattern "
+            '("megatron.core.*"): gradients that differ from the derivative by design',
         ),
     }
 

@@ -11,9 +11,11 @@ Remedy: the library call (``library``) is re-called on perturbed copies of each 
 the injector carries a gradient for, and ``<gradient, v>`` is compared with the
 derivative of the injected value along ``v``, as ``audit`` does for a Function. Solvers
 define these gradients: one stopped at a tolerance is a few percent off a finite
-difference, by design. So a discrepancy counts only where it is gross (``RELATIVE``,
-50 %) along at least two of three random directions, each trustworthy by ``verdict``'s
-rules. A gradient that sums to zero (POT's dual potentials, centred: the derivative is
+difference, by design. So a discrepancy counts only where it is gross along at least
+two of three random directions, each trustworthy by ``verdict``'s rules: over
+``RELATIVE`` (50 %) of the larger projection, and of a typical one, ``|g| |v| / sqrt(n)``
+(a direction nearly orthogonal to the gradient has small projections whose relative
+error means little). A gradient that sums to zero (POT's dual potentials, centred: the derivative is
 defined only along directions that keep the total mass) is judged along directions that
 sum to zero. A library call that draws random numbers is not judged, and the states of
 the default generators it moved are put back.
@@ -173,10 +175,7 @@ class Injected:
         seed, dtype, path, base = where
         x = self.tensors[index]
         x = x.to(dtype) if dtype is not None else x
-        generator = torch.Generator(device=x.device).manual_seed(SEED + seed)
-        v = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-        if _centred(grad):
-            v = v - v.mean()
+        v = _direction(torch, x, grad, SEED + seed)
         h = STEP[kind_of(x.dtype)] * max(1.0, float(x.double().pow(2).mean().sqrt()))
         real = (self.value,)
         values = {t: self._at(torch, index, x + t * v, dtype, path) for t in (h, -h, h / 2, -h / 2)}
@@ -192,7 +191,10 @@ class Injected:
             forward=(dots[h] - at_base) / h,
             backward_side=(at_base - dots[-h]) / h,
             scale=size + norm([grad]) * norm([v]),
-            rounding=ROUNDING[kind_of(x.dtype)] * norm([u]) * norm([v]) * ratio,
+            rounding=max(
+                ROUNDING[kind_of(x.dtype)] * norm([u]) * norm([v]) * ratio,
+                norm([grad]) * norm([v]) / max(1, v.numel()) ** 0.5,  # a typical projection
+            ),
             relative=RELATIVE,
         )
 
@@ -211,6 +213,26 @@ def _shown(numbers: list[Projections], kind: str) -> Projections:
     (the input's verdict), else the first (not wrong)."""
     wrong = sorted((n for n in numbers if n.wrong(kind)), key=lambda n: n.error(n.central))
     return wrong[len(wrong) // 2] if len(wrong) >= 2 else numbers[0]
+
+
+def _direction(torch: Any, x: Any, grad: Any, seed: int) -> Any:
+    """A random direction that keeps the input's structure: symmetric where the input is
+    (a structure or cost matrix: POT branches on ``C == C.T``, and a step off it takes
+    another solver path), summing to zero where the gradient does."""
+    generator = torch.Generator(device=x.device).manual_seed(seed)
+    v = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+    if _symmetric(torch, x):
+        v = (v + v.transpose(-1, -2)) / 2
+    if _centred(grad):
+        v = v - v.mean()
+    return v
+
+
+def _symmetric(torch: Any, x: Any) -> bool:
+    if x.dim() < 2 or x.shape[-1] != x.shape[-2] or x.shape[-1] < 2:
+        return False
+    largest = float(x.abs().max())
+    return float((x - x.transpose(-1, -2)).abs().max()) <= 1e-10 * max(1.0, largest)
 
 
 def _centred(grad: Any) -> bool:
