@@ -45,6 +45,8 @@ LIBRARIES = {
     "warp-1.5.1",
     "warp-1.19.0",
     "warp-1.16.0",
+    "pot-0.9.3",
+    "pot-0.9.7",
     "ipex-2.1.10+xpu",
     "pytorch_optimizer",
     "accelerate",
