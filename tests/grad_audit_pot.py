@@ -136,5 +136,6 @@ CLEAN = {
         fused_gw,
     )
 }
+SINCE_0_9_4 = ("sinkhorn_envelope", "sinkhorn_envelope_early")  # ot.solve(grad=...) is new
 FIXED_ONLY = {"gw_kl_fit": gw_kl_fit}  # correct from POT 0.9.4 on
 BUGS = {"gw_kl_fit": gw_kl_fit}  # wrong on POT 0.8.0 to 0.9.3
