@@ -13,7 +13,7 @@ derivative of the injected value along ``v``, as ``audit`` does for a Function. 
 define these gradients: one stopped at a tolerance is a few percent off a finite
 difference, by design. So a discrepancy counts only where it is gross along at least
 two of three random directions, each trustworthy by ``verdict``'s rules: over
-``RELATIVE`` (50 %) of the larger projection, and of a typical one, ``|g| |v| / sqrt(n)``
+``RELATIVE`` (75 %) of the larger projection, and of a typical one, ``|g| |v| / sqrt(n)``
 (a direction nearly orthogonal to the gradient has small projections whose relative
 error means little). A gradient that sums to zero (POT's dual potentials, centred: the derivative is
 defined only along directions that keep the total mass) is judged along directions that
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from autograd_guard.guards.grad_audit.library import LibraryCall
     from autograd_guard.guards.grad_audit.rerun import Rerun
 
-RELATIVE = 0.5  # a discrepancy: over half the larger side (a solver's tolerance is less)
+RELATIVE = 0.75  # a discrepancy: over 3/4 of the larger side (a solver's tolerance: less)
 DIRECTIONS = 3  # random directions per input; two must show the discrepancy
 INPUTS = 4  # inputs judged per call, at most
 
