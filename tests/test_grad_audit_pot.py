@@ -122,6 +122,7 @@ CLEAN = [  # grad_audit_pot.CLEAN (checked below)
     "emd2_marginals",
     "emd2_points",
     "fused_gw",
+    "gw_float32_points",
     "gw_square_fit",
     "sinkhorn_envelope",
     "sinkhorn_envelope_early",
@@ -132,6 +133,7 @@ CASES = [*CLEAN, "gw_kl_fit"]
 @pytest.mark.parametrize("version", ["pot-0.9.4", "pot-0.9.7"])
 def test_pot_s_correct_losses_are_judged_silent_and_bit_identical(version, tmp_path):
     bare = run(version, None, CASES, tmp_path)
+    assert run(version, "observe", ["gw_float32_points"], tmp_path, seed=27)["events"] == []
     assert bare["clean"] == CLEAN
     for name in CASES:  # one process each: an injector's first calls are judged
         guarded = run(version, "observe", [name], tmp_path)

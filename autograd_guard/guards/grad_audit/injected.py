@@ -30,6 +30,7 @@ import time
 
 from autograd_guard.guards.grad_audit import library as _library
 from autograd_guard.guards.grad_audit.audit import SEED, diffs, dot, norm, same
+from autograd_guard.guards.grad_audit.rerun import unshown
 from autograd_guard.guards.grad_audit.verdict import ROUNDING, STEP, Projections, kind_of
 
 TYPE_CHECKING = False
@@ -98,7 +99,9 @@ class Injected:
         self.rerun = rerun  # the injector's own (its inputs' attributes are watched)
         self.library = library
         self.value = value  # the injected value (detached)
-        self.tensors = [t.detach() for t in tensors]  # the injector's tensor arguments
+        # the injector's tensor arguments, copied (each call gets copies of these: the
+        # library may write what it is given, never the caller's tensors)
+        self.tensors = [t.detach().clone() for t in tensors]
         self.inputs = inputs  # indices among them to judge
         self.bound = bound  # seconds a re-call may take (max_forward_ms)
         self.remedy = INJECTED_REMEDY
@@ -150,23 +153,36 @@ class Injected:
     def _base(self, torch: Any) -> tuple[Any, tuple[Any, ...], float] | str:
         """(the dtype to work in, where the value is in the call's result, <u, value>),
         or why the call is not judged."""
-        real = self.tensors
         start = time.perf_counter()
-        result = self.library.call(dict(enumerate(real)))
+        result = self._call(self._changes(None))
         seconds = time.perf_counter() - start
         path = _locate(torch, result, self.value)
         if path is None:
             return f"a re-run of {self.library.name} did not give the injected value again"
         if seconds > self.bound:
             return f"a call of {self.library.name} took {seconds * 1e3:.0f} ms (max_forward_ms)"
-        wide = {i: t.to(torch.float64) for i, t in enumerate(real) if t.is_floating_point()}
         try:
-            value = _at(self.library.call(wide), path)
+            value = _at(self._call(self._changes(torch.float64)), path)
             if value.dtype == torch.float64 and same(torch, (value,), (self.value,), 1e-3):
                 return torch.float64, path, float(value.sum())
         except Exception:
             pass
         return None, path, float(self.value.double().sum())
+
+    def _changes(self, dtype: Any, index: int | None = None, x: Any = None) -> dict[int, Any]:
+        """Fresh copies of the injector's tensor arguments (floating point ones in
+        ``dtype``, where given), the ``index``-th replaced by ``x``."""
+        changes = {
+            i: t.to(dtype if dtype is not None and t.is_floating_point() else t.dtype, copy=True)
+            for i, t in enumerate(self.tensors)
+        }
+        if index is not None:
+            changes[index] = x
+        return changes
+
+    def _call(self, changes: dict[int, Any]) -> Any:
+        with unshown():
+            return self.library.call(changes)
 
     def _direction(
         self, torch: Any, u: Any, grad: Any, index: int, where: tuple[int, Any, Any, float]
@@ -199,13 +215,7 @@ class Injected:
         )
 
     def _at(self, torch: Any, index: int, x: Any, dtype: Any, path: Any) -> Any:
-        changes = {index: x}
-        if dtype is not None:
-            changes = {
-                i: t.detach().to(dtype) for i, t in enumerate(self.tensors) if t.is_floating_point()
-            }
-            changes[index] = x
-        return _at(self.library.call(changes), path)
+        return _at(self._call(self._changes(dtype, index, x)), path)
 
 
 def _shown(numbers: list[Projections], kind: str) -> Projections:
@@ -231,8 +241,11 @@ def _direction(torch: Any, x: Any, grad: Any, seed: int) -> Any:
 def _symmetric(torch: Any, x: Any) -> bool:
     if x.dim() < 2 or x.shape[-1] != x.shape[-2] or x.shape[-1] < 2:
         return False
-    largest = float(x.abs().max())
-    return float((x - x.transpose(-1, -2)).abs().max()) <= 1e-10 * max(1.0, largest)
+    # to a relative 1e-5, as NumPy's allclose (POT's test): a float32 ot.dist(x, x) is
+    # symmetric only to its rounding, and POT takes it for symmetric
+    return bool(x.isfinite().all()) and bool(
+        sys.modules["torch"].allclose(x, x.transpose(-1, -2), rtol=1e-5, atol=1e-10)
+    )
 
 
 def _centred(grad: Any) -> bool:
@@ -307,9 +320,10 @@ def _restore(torch: Any, before: list[Any]) -> bool:
 
 
 INJECTED_REMEDY = (
-    "upgrade the library that defines this call (a sign or a missing term in its "
-    "hand-written gradient; POT's kl_loss gradient was fixed in 0.9.4), or check its "
-    "gradient against a finite difference of the call in float64. A solver stopped early "
-    "gives a gradient a few percent off, not this much. A gradient that differs on purpose: "
-    'list the call in grad_audit\'s skip option (skip = ["package.module.function"])'
+    "the gradient this library call hands to torch is not the derivative of the value it "
+    "returns: upgrade the library where a release fixes it (POT's kl_loss gradient: "
+    "0.9.4), else let torch differentiate the call where the library offers it (POT: "
+    'grad="autodiff"), or report it with this event. A solver stopped early gives a '
+    "gradient a few percent off, not this much. A gradient that differs on purpose: list "
+    'the call in grad_audit\'s skip option (skip = ["package.module.function"])'
 )

@@ -13,8 +13,12 @@ A parameter the function has since rebound to another value (``M, a, b =
 nx.to_numpy(M, a, b)`` in POT's ``emd2``) is recognised where it holds the values of
 exactly one of the injector's inputs (its NumPy copy, say): the input is passed in its
 place. A parameter that holds anything but a value (a module, a generator, a list, an
-array of unknown origin) means the call is not re-run. A re-run that does not give the
-injected value again at the same point is not judged (``injected``).
+array of unknown origin) means the call is not re-run, and so does a call asked to print
+its progress (``verbose``). Only an installed library is re-called, never the program's
+own code; what the library function does through globals (a callback registered with it,
+a data stream it reads) runs again at each re-call (documented). Each call gets fresh
+copies of the tensor arguments. A re-run that does not give the injected value again at
+the same point is not judged (``injected``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
 
 VARARGS, VARKEYWORDS = 0x04, 0x08  # code flags
 OWN = ("autograd_guard", "torch")  # frames between the injector's call and its library
+VERBOSE = ("verbose", "disp")  # a call asked to print: a re-call would print again
 
 
 class LibraryCall:
@@ -67,7 +72,10 @@ class LibraryCall:
     def call(self, changes: dict[int, Any]) -> Any:
         """The function's result with the injector's tensor arguments in ``changes``
         replaced (by index)."""
-        args, kwargs = list(self.args), dict(self.kwargs)
+        args, kwargs = (
+            [_fresh(a) for a in self.args],
+            {k: _fresh(v) for k, v in self.kwargs.items()},
+        )
         for (kind, key), index in self.inputs.items():
             if index in changes:
                 if kind == "args":
@@ -75,6 +83,12 @@ class LibraryCall:
                 else:
                     kwargs[key] = changes[index]
         return self.function(*args, **kwargs)
+
+
+def _fresh(value: Any) -> Any:
+    """A copy of a tensor argument for one call (the library may write what it is given)."""
+    tensor = sys.modules["torch"].Tensor
+    return value.clone() if isinstance(value, tensor) else value
 
 
 def find(package: str, tensors: list[Any]) -> LibraryCall | str:
@@ -88,9 +102,12 @@ def find(package: str, tensors: list[Any]) -> LibraryCall | str:
     function = _function_of(frame)
     if function is None:
         return f"its library call ({frame.f_code.co_name}) is not a module-level function"
-    found = _arguments(frame.f_code, dict(frame.f_locals))
+    local = dict(frame.f_locals)
+    found = _arguments(frame.f_code, local)
     if found is None:
         return f"{frame.f_code.co_name} rebinds or deletes a parameter's name"
+    if any(isinstance(local.get(n), (bool, int)) and local.get(n) for n in VERBOSE):
+        return f"{frame.f_code.co_name} was asked to print its progress (verbose)"
     return _mapped(function, *found, tensors)
 
 

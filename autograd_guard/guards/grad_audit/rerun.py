@@ -18,6 +18,7 @@ user's filters (a location already warned stays quiet), and are not shown: the
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
 import warnings
@@ -26,7 +27,7 @@ from autograd_guard.guards.grad_audit.elsewhere import Elsewhere
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from typing import Any
 
 VALUES = (int, float, bool, str, type(None))  # arguments a forward cannot change
@@ -113,15 +114,23 @@ class Rerun:
         if dtype is not None:
             args = [_cast(torch, a, dtype) for a in args]
             kwargs = {k: _cast(torch, v, dtype) for k, v in kwargs.items()}
-        shown = warnings.showwarning
-        warnings.showwarning = _unshown
-        try:
-            with torch.no_grad():
-                output = self.original(self.cls, *args, **kwargs)
-        finally:
-            warnings.showwarning = shown
+        with unshown(), torch.no_grad():
+            output = self.original(self.cls, *args, **kwargs)
         top = output if isinstance(output, tuple) else (output,)
         return tuple(t if isinstance(t, torch.Tensor) else None for t in top)
+
+
+@contextlib.contextmanager
+def unshown() -> Iterator[None]:
+    """Warnings raised inside go through the user's filters and are not shown: the
+    ``showwarning`` hook is replaced (``catch_warnings`` would reset the registry of
+    warnings already shown)."""
+    shown = warnings.showwarning
+    warnings.showwarning = _unshown
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 def _unshown(*args: Any, **kwargs: Any) -> None:
