@@ -44,10 +44,11 @@ PACKAGES: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
     # POT (Python Optimal Transport): gromov_wasserstein2's kl_loss gradient has a term of
     # the wrong sign in 0.8.0 to 0.9.3 (PythonOT/POT#610), fixed in 0.9.4; 0.9.7.post1 is
     # the newest. Compiled against NumPy: 0.9.3's wheels need NumPy 1 (its folder brings
-    # its own, shadowing the host's in that child only). No cp313 wheel below 0.9.5.
+    # its own, shadowing the host's in that child only). No cp313 wheel below 0.9.5; SciPy
+    # 1.15 has wheels for every Python of the matrix.
     "pot-0.9.3": (["pot==0.9.3", "numpy==1.26.4", "scipy==1.13.1"], {}, ["--only-binary", ":all:"]),
-    "pot-0.9.4": (["pot==0.9.4", "scipy==1.17.1"], {}, ["--only-binary", ":all:"]),
-    "pot-0.9.7": (["pot==0.9.7.post1", "scipy==1.17.1"], {}, ["--only-binary", ":all:"]),
+    "pot-0.9.4": (["pot==0.9.4", "scipy==1.15.3"], {}, ["--only-binary", ":all:"]),
+    "pot-0.9.7": (["pot==0.9.7.post1", "scipy==1.15.3"], {}, ["--only-binary", ":all:"]),
     # PyTorch3D's real Python code without its compiled extension.
     "pytorch3d": (
         ["easypytorch3d==0.7.9.post1"],
