@@ -106,7 +106,7 @@ def leaves(seed=0):
     return x, w
 
 
-def run(step, mode=None):
+def run(step, mode=None, **options):
     """(what ``step()`` returned, its events, the audits skipped, the judgements)."""
     judged, judge = [], injected.Injected.judge
 
@@ -115,7 +115,7 @@ def run(step, mode=None):
         return judged[-1]
 
     if mode is not None:
-        autograd_guard.install({"mode": mode})
+        autograd_guard.install({"mode": mode, "guards": {"grad_audit": options}})
     injected.Injected.judge = recorded
     try:
         with capture_events() as events:
@@ -164,6 +164,13 @@ def test_a_right_injected_gradient_is_judged_and_silent(injlib, name):
     assert events == [] and skipped == {}
     assert all(torch.equal(a, b) for a, b in zip(got, bare, strict=True))
     assert verdicts(judged) == [[("x", False), ("w", False)]]
+
+
+def test_a_library_call_named_in_skip_is_not_judged_and_noted_nowhere(injlib):
+    _, events, skipped, judged = run(
+        lambda: grads(injlib.energy, sign=-1.0), "strict", skip=["injlib.energy"]
+    )
+    assert events == [] and judged == [] and skipped == {}
 
 
 def test_a_library_that_writes_what_it_is_given_leaves_the_callers_tensors_alone(injlib):

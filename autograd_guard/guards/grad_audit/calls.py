@@ -177,12 +177,12 @@ class Calls:
             return None
         copies = [a for a in rerun.args if isinstance(a, torch.Tensor)]
         needs = getattr(node, "needs_input_grad", ())
-        if any(_copy_of(torch, t, copies) for t in outputs):
-            injected = len(outputs) == 1 and _injected.plan(
-                cls, args, outputs[0], needs, rerun, self.config
-            )
-            if not isinstance(injected, _injected.Injected):
-                self._skip(cls, injected or _injected.COPY)
+        if any(_injected.copy_of(torch, t, a) for t in outputs for a in copies):
+            injected: Injected | str = _injected.COPY
+            if len(outputs) == 1:
+                injected = _injected.plan(cls, args, outputs[0], needs, rerun, self.config)
+            if isinstance(injected, str):
+                self._skip(cls, injected)
                 return None
             return injected
         tensors = [i for i, a in enumerate(rerun.args) if isinstance(a, torch.Tensor)]
@@ -213,14 +213,6 @@ def class_key(cls: type) -> tuple[str, str, Any]:
     a class made anew at every call, and no reference to the class itself."""
     code = getattr(getattr(cls, "forward", None), "__code__", None)
     return cls.__module__, cls.__qualname__, code
-
-
-def _copy_of(torch: Any, output: Any, inputs: list[Any]) -> bool:
-    """The output is an input, exactly (a view, ``x.new(x)``, ``x.clone()``)."""
-    return any(
-        a.shape == output.shape and a.dtype == output.dtype and torch.equal(a, output)
-        for a in inputs
-    )
 
 
 def _standing_down(torch: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

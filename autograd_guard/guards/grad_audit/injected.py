@@ -62,7 +62,7 @@ def plan(
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     tensors = [args[i] for i in positions]
     wanted = [i < len(needs) and bool(needs[i]) for i in positions]
-    copied = [n for n, t in enumerate(tensors) if _equal(torch, t, value)]
+    copied = [n for n, t in enumerate(tensors) if copy_of(torch, value, t)]
     carried = [n for n, w in enumerate(wanted) if w and n not in copied]
     if not copied or any(wanted[n] for n in copied) or not carried:
         return COPY
@@ -78,9 +78,12 @@ def plan(
     return Injected(rerun, call, value.detach(), tensors, inputs, bound)
 
 
-def _equal(torch: Any, tensor: Any, value: Any) -> bool:
+def copy_of(torch: Any, output: Any, tensor: Any) -> bool:
+    """The output is this input, exactly (a view, ``x.new(x)``, ``x.clone()``)."""
     return bool(
-        tensor.shape == value.shape and tensor.dtype == value.dtype and torch.equal(tensor, value)
+        tensor.shape == output.shape
+        and tensor.dtype == output.dtype
+        and torch.equal(tensor, output)
     )
 
 
@@ -150,9 +153,9 @@ class Injected:
             judged.append((self.library.place_of(index), _shown(numbers, kind), kind))
         return judged or "no injected input had a gradient"
 
-    def _base(self, torch: Any) -> tuple[Any, tuple[Any, ...], float] | str:
-        """(the dtype to work in, where the value is in the call's result, <u, value>),
-        or why the call is not judged."""
+    def _base(self, torch: Any) -> tuple[Any, tuple[Any, ...], Any] | str:
+        """(the dtype to work in, where the value is in the call's result, the value at
+        the point in that dtype), or why the call is not judged."""
         start = time.perf_counter()
         result = self._call(self._changes(None))
         seconds = time.perf_counter() - start
@@ -164,10 +167,10 @@ class Injected:
         try:
             value = _at(self._call(self._changes(torch.float64)), path)
             if value.dtype == torch.float64 and same(torch, (value,), (self.value,), 1e-3):
-                return torch.float64, path, float(value.sum())
+                return torch.float64, path, value
         except Exception:
             pass
-        return None, path, float(self.value.double().sum())
+        return None, path, self.value
 
     def _changes(self, dtype: Any, index: int | None = None, x: Any = None) -> dict[int, Any]:
         """Fresh copies of the injector's tensor arguments (floating point ones in
@@ -185,20 +188,20 @@ class Injected:
             return self.library.call(changes)
 
     def _direction(
-        self, torch: Any, u: Any, grad: Any, index: int, where: tuple[int, Any, Any, float]
+        self, torch: Any, u: Any, grad: Any, index: int, where: tuple[int, Any, Any, Any]
     ) -> Projections:
         """The projections along the ``seed``-th random direction of input ``index``."""
         seed, dtype, path, base = where
         x = self.tensors[index]
         x = x.to(dtype) if dtype is not None else x
         v = _direction(torch, x, grad, SEED + seed)
-        h = STEP[kind_of(x.dtype)] * max(1.0, float(x.double().pow(2).mean().sqrt()))
+        scale = float(x.double().pow(2).mean().sqrt())
+        h = STEP[kind_of(x.dtype)] * max(1.0, scale)
         real = (self.value,)
         values = {t: self._at(torch, index, x + t * v, dtype, path) for t in (h, -h, h / 2, -h / 2)}
         dots = {t: dot([u], (value,), real) for t, value in values.items()}
-        at_base = float(u.double() * base) if u.numel() == 1 else dot([u], (self.value,), real)
+        at_base = dot([u], (base,), real)
         size = norm([u]) * norm(diffs((values[h],), (values[-h],), 2 * h, real))
-        scale = float(x.double().pow(2).mean().sqrt())
         ratio = float(self.value.double().abs().max()) / max(scale, 1e-300)
         return Projections(
             backward=float((grad.double() * v.double()).sum()),
