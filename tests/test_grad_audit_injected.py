@@ -1,5 +1,6 @@
-"""grad_audit's judgement of injected gradients through the library call, against a small
-installed library (a package with its dist-info, outside the working directory) that
+"""grad_audit's judgement of injected gradients through the library call, against a
+stand-in library, named as one (``injlib``: a package with its dist-info, installed
+outside the working directory) that
 computes a loss and its gradient in NumPy and hands both to torch through an injector, as
 POT does: a wrong gradient named, a right one judged and silent, and the program exactly
 as unguarded where the library writes what it is given, prints, warns or draws random
