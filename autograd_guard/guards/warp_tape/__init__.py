@@ -46,7 +46,9 @@ of the caller, tracebacks and ``tape.launches`` are as unguarded. With the prelu
 ``Tape.__enter__`` is not wrapped (the prelude sees a recording for itself, however it was
 started), nor is ``Tape.__exit__`` where no other guard's wrapper calls ``wp.launch`` (Warp
 1.6 and newer); a recorded launch that overwrites nothing runs the guard's check in one
-frame. While no tape records and none keeps reads, the switch is off (``.switch``):
+frame, given the tape by the statement, and notes only which arrays were read since their
+last write (which launch read what is Warp's own record, ``tape.launches``, read at
+``backward()``). While no tape records and none keeps reads, the switch is off (``.switch``):
 ``wp.launch`` pays the statement's test (a global, ``runtime.tape``), ``wp.copy`` wrapt's
 C-level call, array methods ~1 us more (binding through the proxy). Where ``wp.launch`` is
 wrapped, a recording started without ``Tape.__enter__`` (``runtime.tape`` set by hand, a
@@ -56,6 +58,7 @@ subclass whose ``__enter__`` skips ``super()``) is not seen. Rebinding the funct
 
 from __future__ import annotations
 
+import functools
 import sys
 
 from autograd_guard.guard import Call, Guard, Target, argument
@@ -117,6 +120,9 @@ class WarpTape(_launch.Launches, Guard):
         self._array: Any = None  # wp.array
         self._tapes: dict[int, _reads.TapeReads] = {}  # by id(tape), while it lives
         self._live: list[_reads.TapeReads] = []  # of the tapes not yet backward()
+        # the tape recording now, while it alone keeps reads: its id and its reads'
+        # fresh, set together ((0, {}): none; see .launch)
+        self._recording: tuple[int, dict[int, Any]] = (0, {})
         self._replay: dict[int, list[dict[int, Any]]] | None = None  # fix, in backward()
         self._busy = False  # the guard's own copies
         self._compiled: tuple[Any, Any] | None = None  # see .launch
@@ -176,7 +182,7 @@ class WarpTape(_launch.Launches, Guard):
         if reads is None or reads.tape() is not tape:
             # a tape dropped without backward() drops its reads: the callback holds the
             # key, not the reads (which hold the reference: no cycle keeps their copies)
-            reads = self._tapes[key] = _reads.TapeReads(tape, lambda _: self._gone(key))
+            reads = self._tapes[key] = _reads.TapeReads(tape, functools.partial(self._gone, key))
         self._switch.keep(self._live, reads)  # the recording one last; on: writes are seen
         return reads
 
@@ -211,7 +217,9 @@ class WarpTape(_launch.Launches, Guard):
         site = _reads.caller(frame)
         for reads in changed:
             del reads.fresh[key]
-            reads.versions.setdefault(key, []).append((copy, write, site, exposed))
+            tape = reads.tape()
+            before = len(tape.launches) if tape is not None else 0  # the next launch's index
+            reads.versions.setdefault(key, []).append((copy, write, site, exposed, before))
 
     def _copy_of(self, array: Any) -> Any:
         warp, runtime = sys.modules["warp"], self._context.runtime
@@ -238,6 +246,7 @@ class WarpTape(_launch.Launches, Guard):
         except BaseException:  # no backward() took place: a retry is watched as this one was
             self._tapes[key] = reads
             self._live.append(reads)
+            self._recording = (0, {})  # more than one tape may keep reads again
             raise
         finally:
             self._settle()
@@ -245,7 +254,7 @@ class WarpTape(_launch.Launches, Guard):
     def _fixed_backward(self, call: Call, reads: _reads.TapeReads) -> Any:
         self._busy = True  # comparing .numpy() views calls .numpy()
         try:
-            stale = reads.stale()
+            stale = reads.stale(call.instance.launches, self._read_by)
         finally:
             self._busy = False
         if not stale:
@@ -266,13 +275,20 @@ class WarpTape(_launch.Launches, Guard):
         self._gone(id(call.instance))
         return call.proceed()
 
-    def _gone(self, key: int) -> None:  # reset(), or a tape dropped with its reads kept
+    def _gone(self, key: int, _: object = None) -> None:
+        """reset(), or a tape dropped with its reads kept (a weakref's callback)."""
         self._drop(self._tapes.pop(key, None))
-        self._settle()
+        if not self._live:
+            self._switch.settle(self._idle)
 
     def _drop(self, reads: _reads.TapeReads | None) -> None:
         if reads in self._live:
             self._live.remove(reads)
+        if reads is not None and reads.fresh is self._recording[1]:
+            self._recording = (0, {})
+
+    def _read_by(self, kernel: Any) -> tuple[int, ...]:
+        return self._access(kernel)[0]
 
 
 GUARD = WarpTape

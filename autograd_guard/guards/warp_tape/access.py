@@ -29,7 +29,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    Access = tuple[tuple[int, ...], frozenset[int]]  # (positions read, positions written)
+    Access = tuple[tuple[int, ...], tuple[int, ...]]  # (positions read, positions written)
 
 STORES = frozenset({"atomic_add", "atomic_sub", "array_store", "tile_store", "tile_atomic_add"})
 READ_ONLY = frozenset({"len", "tile_load", "lower_bound"})
@@ -50,7 +50,7 @@ def of(kernel: Any) -> Access:
     except Exception:  # not a tree this reads: every array is read and written
         uses = dict.fromkeys(arrays, BOTH)
     reads = tuple(sorted(arrays[k][0] for k, use in uses.items() if use & READ))
-    writes = frozenset(arrays[k][0] for k, use in uses.items() if use & WRITE)
+    writes = tuple(sorted(arrays[k][0] for k, use in uses.items() if use & WRITE))
     return reads, writes
 
 

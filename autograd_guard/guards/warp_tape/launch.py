@@ -37,7 +37,9 @@ WRAPPED_LAUNCH = ">=1.3.0,<1.6.0"
 NAME = "__autograd_guard_warp_tape__"
 HOOK = "__autograd_guard_warp_tape_hook__"
 CONDITION = f"{NAME} or record_tape and runtime is not None and runtime.tape is not None"
-CALL = f"inputs = {HOOK}(kernel, inputs, outputs, adjoint, record_tape, record_cmd)"
+# the hook is given the recording tape (None: unrecorded), read in Warp's frame
+TAPE = "runtime.tape if record_tape and runtime is not None else None"
+CALL = f"inputs = {HOOK}(kernel, inputs, outputs, adjoint, {TAPE}, record_cmd)"
 
 
 class Launches:
@@ -46,6 +48,8 @@ class Launches:
     _context: Any
     _array: Any
     _live: list[_reads.TapeReads]
+    # the tape recording now, while it alone keeps reads: (its id, its reads' fresh)
+    _recording: tuple[int, dict[int, Any]]
     _replay: dict[int, list[dict[int, Any]]] | None
     _busy: bool
     _kernels: dict[Any, _access.Access]
@@ -104,52 +108,61 @@ class Launches:
             self._compiled = None
 
     def _launch_prelude(
-        self, kernel: Any, inputs: Any, outputs: Any, adjoint: Any, record: Any, command: Any
+        self, kernel: Any, inputs: Any, outputs: Any, adjoint: Any, tape: Any, command: Any
     ) -> Any:
         """Run first in wp.launch, while the switch is on or a tape records: the inputs it
-        is to use. The common case (a recorded launch that overwrites nothing a recorded
-        launch read, called by the user's code) in this one frame: its reads noted."""
-        if self._busy or adjoint or command or self._mending or self._replay is not None:
-            frame = sys._getframe(1).f_back
-            return self._launch_rare(kernel, inputs, outputs, adjoint, record, command, frame)
-        if not self.active:
-            return inputs
+        is to use (``tape``: the tape recording it, or None). The common case in this one
+        frame: a launch on the tape that kept reads at its last launch, the only one
+        keeping reads, that writes nothing a recorded launch read (its reads are then
+        kept; which launch read what is Warp's own record, read at ``backward()``). The
+        guard's own copies, a fix's adjoints and a record to mend never meet it: they run
+        with no tape, with ``adjoint``, or where the recording is not set (see
+        ``_launching``)."""
+        key, fresh = self._recording  # one read: set together, maybe by another thread
+        if id(tape) != key or adjoint or command:
+            frame = sys._getframe(2)
+            return self._launch_checked(kernel, inputs, outputs, adjoint, tape, command, frame)
         try:
-            runtime = self._context.runtime
-            tape: Any = runtime.tape if record and runtime is not None else None
-            live = self._live
-            frame = sys._getframe(2)  # the frame that called wp.launch
-            if tape is None or (self._wrapped_launch and frame.f_code.co_filename.startswith(OWN)):
-                if tape is not None or live:
-                    self._launch_full(kernel, inputs, outputs, tape, frame)
-                return inputs
-            read, written = self._kernels.get(kernel) or self._access(kernel)
-            if live and self._writes(kernel, inputs, outputs, written):
-                self._launching(kernel, inputs, outputs, tape, frame)  # copies due first
-                return inputs
-            if inputs:  # its reads noted
-                noting = live[-1] if live else None
-                if noting is None or noting.tape() is not tape:
-                    noting = self._reads_of(tape)
-                site = (frame.f_code, frame.f_lasti)
-                noting.note(len(tape.launches), inputs, self._array, site, read)
+            try:
+                read, written = self._kernels[kernel]
+            except KeyError:
+                read, written = self._access(kernel)
+            count = len(inputs) if inputs else 0
+            for position in written:  # loops, not any(): a generator costs more here
+                if position < count and id(inputs[position]) in fresh:
+                    break
+            else:
+                for value in outputs or ():
+                    if id(value) in fresh:
+                        break
+                else:
+                    array = self._array
+                    for position in read:  # its reads kept (TapeReads.note, inlined)
+                        if position < count:
+                            value = inputs[position]
+                            if type(value) is array or isinstance(value, array):
+                                fresh[id(value)] = value
+                    return inputs
+            self._launching(kernel, inputs, outputs, tape, sys._getframe(2))  # copies due
         except Exception as exc:  # fail open: the launch runs as it was called
             self.fail("remedy", exc)
         return inputs
 
-    def _launch_rare(
+    def _launch_checked(
         self,
         kernel: Any,
         inputs: Any,
         outputs: Any,
         adjoint: Any,
-        record: Any,
+        tape: Any,
         command: Any,
-        frame: FrameType | None,
+        frame: FrameType,
     ) -> Any:
-        """The prelude's other cases: the guard's own copies, an adjoint (given the copies
-        in a backward() being fixed), a Launch object made for later, a caller's record
-        due for mending."""
+        """The prelude's other launches (``frame``: wp.launch's caller): unrecorded, the
+        first of a recording, with more than one tape keeping reads, called by another
+        guard's wrapper; the guard's own copies, an adjoint (given the copies in a
+        backward() being fixed), a Launch object made for later, a caller's record due
+        for mending."""
         if self._busy or not self.active:
             return inputs
         try:
@@ -159,13 +172,23 @@ class Launches:
                 return self._given(inputs) if adjoint else inputs
             if adjoint or command:
                 return inputs  # an adjoint, or a Launch object run later by Warp alone
-            runtime = self._context.runtime
-            tape = runtime.tape if record and runtime is not None else None
-            if tape is not None or self._live:
-                self._launch_full(kernel, inputs, outputs, tape, frame)
+            if tape is None or (self._wrapped_launch and frame.f_code.co_filename.startswith(OWN)):
+                if tape is not None or self._live:
+                    self._launch_full(kernel, inputs, outputs, tape, frame)
+            elif self._live or not inputs:
+                self._launching(kernel, inputs, outputs, tape, frame)
+            else:  # a tape's first launch with reads, none other keeping any: no copy due
+                self._begin(kernel, inputs, tape)
         except Exception as exc:  # fail open: the launch runs as it was called
             self.fail("remedy", exc)
         return inputs
+
+    def _begin(self, kernel: Any, inputs: Any, tape: Any) -> None:
+        """A recording's first launch with reads, where no other tape keeps reads: its
+        reads kept, and the prelude's common case set from the next launch on."""
+        reads = self._reads_of(tape)
+        reads.note(inputs, self._array, self._access(kernel)[0])
+        self._recording = (0, {}) if self._wrapped_launch else (id(tape), reads.fresh)
 
     def _launch_full(
         self, kernel: Any, inputs: Any, outputs: Any, tape: Any, frame: FrameType | None
@@ -280,16 +303,15 @@ class Launches:
         if tape is not None and inputs:
             reads = self._live[-1] if self._live else None
             if reads is None or reads.tape() is not tape:
-                reads = self._reads_of(tape)
-            code = frame.f_code
-            if code.co_filename.startswith(_reads.OWN):
-                site = _reads.caller(frame)
-            else:
-                site = (code, frame.f_lasti)
-            reads.note(len(tape.launches), inputs, self._array, site, read)
+                reads = self._reads_of(tape)  # a tape's first recorded launch keeps its reads
+            reads.note(inputs, self._array, read)
+            # the prelude's common case from the next launch on: one tape keeps reads, and
+            # Warp records the caller itself (no other guard's wrapper calls wp.launch)
+            one = len(self._live) == 1 and not self._wrapped_launch
+            self._recording = (id(tape), reads.fresh) if one else (0, {})
 
     def _writes(
-        self, kernel: Any, inputs: Any, outputs: Any, written: frozenset[int]
+        self, kernel: Any, inputs: Any, outputs: Any, written: tuple[int, ...]
     ) -> list[tuple[Any, str, bool]]:
         """The arrays that a launch may write (``written``: its kernel's parameters that
         may write) and a recorded launch read (their copies are due), each with its

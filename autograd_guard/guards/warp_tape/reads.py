@@ -1,6 +1,7 @@
-"""What ``warp_tape`` keeps of a recording tape: each read of an array by a recorded
-launch, and the contents an array had before each write; at ``backward()``, the reads
-whose contents changed since, how to name them, and the inputs each adjoint is given."""
+"""What ``warp_tape`` keeps of a recording tape: the arrays its recorded launches read
+since their last write, and the contents an array had before each write; at
+``backward()``, the reads (worked out from Warp's own record, ``tape.launches``) whose
+contents changed since, how to name them, and the inputs each adjoint is given."""
 
 from __future__ import annotations
 
@@ -13,55 +14,72 @@ if TYPE_CHECKING:
     from types import CodeType, FrameType
     from typing import Any
 
-    # (launch index, input position, array, (code, instruction) of the caller, version)
-    Read = tuple[int, int, Any, tuple[CodeType, int], int]
-    # (copy, the write, (code, instruction) of its caller, a .numpy() view)
-    Version = tuple[Any, str, tuple[CodeType, int], bool]
+    # (launch index, input position, array, version: how many writes came before the read)
+    Read = tuple[int, int, Any, int]
+    # (copy, the write, (code, instruction) of its caller, a .numpy() view, the index of
+    # the launch it came before)
+    Version = tuple[Any, str, tuple[CodeType, int], bool, int]
 
 OWN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 RECORDED_INPUTS = 3  # in a recorded launch: [kernel, dim, max_blocks, inputs, outputs, ...]
 
 
 class TapeReads:
-    """One recording tape's reads: ``log`` in order, ``fresh`` (the arrays read since
+    """One recording tape's reads: ``fresh`` (the arrays its recorded launches read since
     their last write, by id: the next write copies them first) and ``versions`` (by id,
-    the contents before each write)."""
+    the contents before each write). Which launch read what is Warp's own record, read
+    at ``backward()`` from ``start``, the first launch recorded while the guard watched."""
 
-    __slots__ = ("fresh", "log", "tape", "versions")
+    __slots__ = ("fresh", "start", "tape", "versions")
 
     def __init__(self, tape: Any, gone: Callable[[Any], None]) -> None:
         self.tape = weakref.ref(tape, gone)  # ``gone`` runs if the tape dies first
-        self.log: list[Read] = []
+        self.start = len(tape.launches)
         self.fresh: dict[int, Any] = {}
         self.versions: dict[int, list[Version]] = {}
 
-    def note(
-        self, index: int, inputs: Any, array: Any, site: tuple[CodeType, int], read: Any
-    ) -> None:
+    def note(self, inputs: Any, array: Any, read: Any) -> None:
         """The ``wp.array`` values of ``inputs`` at the positions in ``read`` (those its
-        kernel reads, in order), read by the recorded launch ``index``."""
+        kernel reads) are read by a recorded launch."""
         fresh, count = self.fresh, len(inputs)
         for position in read:
             if position < count:
                 value = inputs[position]
                 if type(value) is array or isinstance(value, array):
-                    key = id(value)
-                    fresh[key] = value
-                    versions = self.versions.get(key)
-                    self.log.append((index, position, value, site, len(versions or ())))
+                    fresh[id(value)] = value
 
-    def stale(self) -> list[Read]:
+    def reads(self, launches: list[Any], read_by: Callable[[Any], Any]) -> list[Read]:
+        """The reads by the recorded ``launches`` (``read_by(kernel)``: the positions its
+        kernel reads) of the arrays written since they were read."""
+        found: list[Read] = []
+        versions = self.versions
+        for index in range(self.start, len(launches)):
+            entry = launches[index]
+            if callable(entry) or not isinstance(entry, list):
+                continue  # a tape.record_func() callback
+            inputs = entry[RECORDED_INPUTS] or ()
+            for position in read_by(entry[0]):
+                written = versions.get(id(inputs[position])) if position < len(inputs) else None
+                if written:
+                    before = sum(1 for version in written if version[4] <= index)
+                    found.append((index, position, inputs[position], before))
+        return found
+
+    def stale(self, launches: list[Any], read_by: Callable[[Any], Any]) -> list[Read]:
         """The reads whose contents have changed since. A ``.numpy()`` view that was not
         written through changed nothing."""
+        log = self.reads(launches, read_by)
+        arrays = {id(read[2]): read[2] for read in log}
         changed: dict[int, list[bool]] = {}
         for key, versions in self.versions.items():
-            array = next(r[2] for r in self.log if id(r[2]) == key)
-            after = [v[0] for v in versions[1:]] + [array]
+            if key not in arrays:
+                continue
+            after = [v[0] for v in versions[1:]] + [arrays[key]]
             changed[key] = [
                 not exposed or not (copy.numpy() == later.numpy()).all()
-                for (copy, _, _, exposed), later in zip(versions, after, strict=True)
+                for (copy, _, _, exposed, _), later in zip(versions, after, strict=True)
             ]
-        return [read for read in self.log if any(changed.get(id(read[2]), ())[read[4] :])]
+        return [read for read in log if any(changed.get(id(read[2]), ())[read[3] :])]
 
 
 def changes_any(live: list[TapeReads], arrays: Any) -> bool:
@@ -122,7 +140,7 @@ def replay_plan(
     """For each recorded launch's inputs list, in backward's (reverse) order, the inputs
     to give its adjoint: ``{position: the copy of what it read}``."""
     given: dict[int, dict[int, Any]] = {}
-    for index, position, array, _, version in stale:
+    for index, position, array, version in stale:
         given.setdefault(index, {})[position] = reads.versions[id(array)][version][0]
     lists = {id(launches[index][RECORDED_INPUTS]) for index in given if index < len(launches)}
     plan: dict[int, list[dict[int, Any]]] = {}
@@ -134,19 +152,28 @@ def replay_plan(
 
 
 def describe(launches: list[Any], reads: TapeReads, read: Read) -> dict[str, Any]:
-    index, position, array, site, version = read
-    kernel = launches[index][0] if index < len(launches) else None
+    index, position, array, version = read
+    kernel, metadata = launches[index][0], launches[index][-1]
     params = getattr(getattr(kernel, "adj", None), "args", ())
-    _, write, written_at, _ = reads.versions[id(array)][version]
+    _, write, written_at, _, _ = reads.versions[id(array)][version]
     return {
         "argument": params[position].label if position < len(params) else str(position),
         "kernel": getattr(kernel, "key", "?"),
-        "read_at": line(site),
+        "read_at": recorded_line(metadata, index),
         "written_by": write,
         "written_at": line(written_at),
         "shape": list(array.shape),
         "dtype": getattr(array.dtype, "__name__", str(array.dtype)),
     }
+
+
+def recorded_line(metadata: Any, index: int) -> str:
+    """Where Warp recorded a launch's caller (``file:line``; mended where it was a
+    wrapper of this package)."""
+    caller = metadata.get("caller") if isinstance(metadata, dict) else None
+    if isinstance(caller, dict) and "file" in caller and "lineno" in caller:
+        return f"{os.path.basename(str(caller['file']))}:{caller['lineno']}"
+    return f"the tape's launch {index}"
 
 
 def message(described: list[dict[str, Any]], fixed: bool) -> str:
