@@ -68,6 +68,8 @@ class TapeReads:
     def stale(self, launches: list[Any], read_by: Callable[[Any], Any]) -> list[Read]:
         """The reads whose contents have changed since. A ``.numpy()`` view that was not
         written through changed nothing."""
+        if not self.versions:
+            return []  # nothing was written after a read
         log = self.reads(launches, read_by)
         arrays = {id(read[2]): read[2] for read in log}
         changed: dict[int, list[bool]] = {}
