@@ -58,7 +58,6 @@ subclass whose ``__enter__`` skips ``super()``) is not seen. Rebinding the funct
 
 from __future__ import annotations
 
-import functools
 import sys
 
 from autograd_guard.guard import Call, Guard, Target, argument
@@ -182,7 +181,7 @@ class WarpTape(_launch.Launches, Guard):
         if reads is None or reads.tape() is not tape:
             # a tape dropped without backward() drops its reads: the callback holds the
             # key, not the reads (which hold the reference: no cycle keeps their copies)
-            reads = self._tapes[key] = _reads.TapeReads(tape, functools.partial(self._gone, key))
+            reads = self._tapes[key] = _reads.TapeReads(tape, lambda _: self._gone(key))
         self._switch.keep(self._live, reads)  # the recording one last; on: writes are seen
         return reads
 
@@ -275,11 +274,9 @@ class WarpTape(_launch.Launches, Guard):
         self._gone(id(call.instance))
         return call.proceed()
 
-    def _gone(self, key: int, _: object = None) -> None:
-        """reset(), or a tape dropped with its reads kept (a weakref's callback)."""
+    def _gone(self, key: int) -> None:  # reset(), or a tape dropped with its reads kept
         self._drop(self._tapes.pop(key, None))
-        if not self._live:
-            self._switch.settle(self._idle)
+        self._settle()
 
     def _drop(self, reads: _reads.TapeReads | None) -> None:
         if reads in self._live:

@@ -175,20 +175,11 @@ class Launches:
             if tape is None or (self._wrapped_launch and frame.f_code.co_filename.startswith(OWN)):
                 if tape is not None or self._live:
                     self._launch_full(kernel, inputs, outputs, tape, frame)
-            elif self._live or not inputs:
+            else:
                 self._launching(kernel, inputs, outputs, tape, frame)
-            else:  # a tape's first launch with reads, none other keeping any: no copy due
-                self._begin(kernel, inputs, tape)
         except Exception as exc:  # fail open: the launch runs as it was called
             self.fail("remedy", exc)
         return inputs
-
-    def _begin(self, kernel: Any, inputs: Any, tape: Any) -> None:
-        """A recording's first launch with reads, where no other tape keeps reads: its
-        reads kept, and the prelude's common case set from the next launch on."""
-        reads = self._reads_of(tape)
-        reads.note(inputs, self._array, self._access(kernel)[0])
-        self._recording = (0, {}) if self._wrapped_launch else (id(tape), reads.fresh)
 
     def _launch_full(
         self, kernel: Any, inputs: Any, outputs: Any, tape: Any, frame: FrameType | None
