@@ -13,6 +13,9 @@ its test (a hang). A NaN gets in at step ``NAN_STEP``. The contract, per scenari
   by its user name and the ranks that had the NaN;
 - ``strict`` raises ``GuardError`` on every rank at the same step, no rank having stepped;
 - ``observe`` is ``plain``, bit for bit;
+- a plain DDP model decides without the guard's exchange (``replicas``): its scenario
+  whose NaN gets in after DDP's all-reduce, on one rank, runs with ``exchange_ddp = true``
+  (the variants ending in ``-exchange``), the setting for such programs;
 - unguarded, the NaN does the harm the scenario is about (replicas drift apart, the
   weights are poisoned), which the ``plain`` runs show.
 """
@@ -143,6 +146,12 @@ def scenario_params() -> list[object]:
 
 
 SCENARIOS = scenario_params()
+
+
+def guarded(scenario: str, mode: str) -> str:
+    """The variant of ``mode`` for ``scenario``: DDP's NaN comes after its all-reduce, on
+    rank 1 alone, which only ``exchange_ddp = true`` decides together."""
+    return f"{mode}-exchange" if scenario == DDP else mode
 # where a NaN reaches a consumed gradient (ZeRO's other shard: a gradient nobody reads)
 SKIPPING = [s for s in SCENARIOS if s != ZERO_OTHER]
 
@@ -191,8 +200,11 @@ def descendants(pid: int) -> list[int]:
 def launch(python: Path, scenario: str, variant: str, outdir: Path) -> Run | str:
     """Run one job; a Run, or why it failed."""
     env = wheelenv.clean_environ(OMP_NUM_THREADS="1")
-    if variant in GUARDED:
-        env.update(AUTOGRAD_GUARD=variant, AUTOGRAD_GUARD_LOG=str(outdir / "events.jsonl"))
+    mode, _, exchange = variant.partition("-")  # "fix-exchange": exchange_ddp = true
+    if mode in GUARDED:
+        env.update(AUTOGRAD_GUARD=mode, AUTOGRAD_GUARD_LOG=str(outdir / "events.jsonl"))
+    if exchange:
+        (outdir / "autograd_guard.toml").write_text("[guards.grad_health]\nexchange_ddp = true\n")
     nranks = RANKS.get(scenario, 2)
     command = [
         str(python),
@@ -353,7 +365,7 @@ def assert_no_guard_error(run: Run) -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_fix_ends_as_the_handwritten_skip_with_one_event(job, scenario):
-    fixed, handfix = job(scenario, "fix"), job(scenario, "handfix")
+    fixed, handfix = job(scenario, guarded(scenario, "fix")), job(scenario, "handfix")
     assert skipped(fixed) == [[]] * len(fixed.ranks), "fix raised"
     assert_ranks_equal(fixed, handfix, "fix and handfix")
     assert_no_guard_error(fixed)
@@ -379,7 +391,7 @@ def test_fix_ends_as_the_handwritten_skip_with_one_event(job, scenario):
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_strict_raises_on_every_rank_before_any_steps(job, scenario):
-    strict = job(scenario, "strict")
+    strict = job(scenario, guarded(scenario, "strict"))
     if scenario == ZERO_OTHER:  # nothing non-finite is consumed: nothing to refuse
         assert skipped(strict) == [[], []]
         assert_ranks_equal(strict, job(scenario, "plain"), "strict and plain")
@@ -420,7 +432,7 @@ def assert_local_stop(strict: Run, handfix: Run) -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_observe_changes_nothing(job, scenario):
-    observed, plain = job(scenario, "observe"), job(scenario, "plain")
+    observed, plain = job(scenario, guarded(scenario, "observe")), job(scenario, "plain")
     assert skipped(observed) == [[]] * len(observed.ranks)
     assert_no_guard_error(observed)
     for rank in range(len(observed.ranks)):
@@ -469,7 +481,7 @@ def test_a_rank_that_catches_its_own_error_runs_as_unguarded(job):
     ``exchange_timeout`` to wait), each rank says so once and decides alone from then on;
     both ranks end as the unguarded job does, bit for bit, step by step, no step
     waiting."""
-    plain, fixed = job(CATCHES, "plain"), job(CATCHES, "fix")
+    plain, fixed = job(CATCHES, "plain"), job(CATCHES, "fix-exchange")
     caught = [[], [f"caught its error at step {NAN_STEP}"]]
     assert_alone_as_unguarded(plain, fixed, caught, NAN_STEP + 1)
 
@@ -485,6 +497,12 @@ def test_a_rank_that_raises_uncaught_ends_the_job_as_unguarded(guard_python, tmp
         assert "hung" not in result.splitlines()[0], result
         assert "out of memory (raised by the test before step())" in result, result
         assert not [e for e in read_events(outdir) if e["action"] == "guard_error"]
+
+
+def exchanging(scenario: str) -> str:
+    """The guarded variant that exchanges at ``scenario``'s steps (plain DDP: with
+    ``exchange_ddp = true``; ``test_plain_ddp_...`` below runs it without)."""
+    return "fix-exchange" if scenario.startswith(f"{DDP}+") else "fix"
 
 
 # each parallelism where the guard exchanges: rank 1's step pre-hook raises at NAN_STEP
@@ -504,7 +522,8 @@ def test_a_rank_whose_step_pre_hook_raises_and_is_caught_runs_as_unguarded(job, 
     once (its wait was 60 s, and DDP's next all-reduce timed out on rank 1 behind it):
     each rank decides alone from then on, said once with each rank's step; both end as
     the unguarded job does, bit for bit, step by step, no step waiting."""
-    plain, fixed = job(f"{scenario}+hook_catch", "plain"), job(f"{scenario}+hook_catch", "fix")
+    scenario += "+hook_catch"
+    plain, fixed = job(scenario, "plain"), job(scenario, exchanging(scenario))
     caught = [[], [f"caught its error at step {NAN_STEP}"]]
     assert_alone_as_unguarded(plain, fixed, caught, NAN_STEP + 1)
 
@@ -514,7 +533,7 @@ def test_a_step_pre_hook_that_raises_at_the_first_shared_step_runs_as_unguarded(
     checked its optimizer (whether it is shared is not known yet): its step, watched
     from the optimizer's making, still tells rank 0 at once."""
     scenario = f"{DDP}+first_hook_catch"
-    plain, fixed = job(scenario, "plain"), job(scenario, "fix")
+    plain, fixed = job(scenario, "plain"), job(scenario, "fix-exchange")
     assert_alone_as_unguarded(plain, fixed, [[], ["caught its error at step 0"]], 1)
 
 
@@ -522,7 +541,7 @@ def test_a_check_that_fails_open_before_the_exchange_runs_as_unguarded(job):
     """The guard's own check raises on rank 1 at step 3, before its exchange: it fails
     open (a guard_error event, the step runs), and the step's end tells rank 0 at once."""
     scenario = f"{DDP}+check_fails"
-    plain, fixed = job(scenario, "plain"), job(scenario, "fix")
+    plain, fixed = job(scenario, "plain"), job(scenario, "fix-exchange")
     assert_alone_as_unguarded(plain, fixed, [[], []], NAN_STEP + 1, failed=(1,))
 
 
@@ -566,8 +585,58 @@ def test_a_step_that_one_rank_skips_after_backward_runs_as_unguarded(job, scenar
     ``step``) posts "no step here" first, each
     rank decides alone from then on, said once with each rank's step, and both end as
     the unguarded job does, bit for bit, step by step, no step waiting."""
-    plain, fixed = job(f"{scenario}+skip", "plain"), job(f"{scenario}+skip", "fix")
+    scenario += "+skip"
+    plain, fixed = job(scenario, "plain"), job(scenario, exchanging(scenario))
     assert_alone_as_unguarded(plain, fixed, [[], [f"skipped step {NAN_STEP}"]], NAN_STEP + 1)
+
+
+# plain DDP, with no exchange_ddp: each way rank 1 leaves a step, its last step's too
+PLAIN_DDP_EXITS = [
+    CATCHES,
+    f"{DDP}+hook_catch",
+    f"{DDP}+first_hook_catch",
+    f"{DDP}+last_hook_catch",
+    f"{DDP}+skip",
+    f"{DDP}+check_fails",
+]
+
+
+@pytest.mark.parametrize("scenario", PLAIN_DDP_EXITS)
+def test_plain_ddp_decides_without_the_exchange_whatever_step_a_rank_leaves(job, scenario):
+    """A plain DDP model's ranks decide each step on their own gradients, which DDP's
+    all-reduce made the same (``replicas``): nothing is exchanged, so rank 1 leaving a
+    step (an error before ``step()`` or in a step pre-hook, caught; at the first step,
+    at the last one with no forward after it, where the exchange kept rank 0 waiting its
+    timeout; its loop skipping after backward; the guard's check failing open) keeps no
+    rank waiting. Both ranks end as the unguarded job does, bit for bit, step by step,
+    and the guard says nothing but its own failure."""
+    plain, fixed = job(scenario, "plain"), job(scenario, "fix")
+    failed = [1] if scenario.endswith("+check_fails") else []
+    assert skipped(fixed) == skipped(plain)
+    assert failed or skipped(plain)[1], "rank 1 left no step"
+    for rank in (0, 1):
+        assert_same(fixed.ranks[rank]["history"], plain.ranks[rank]["history"], f"rank {rank}")
+        slowest = max(fixed.ranks[rank]["seconds"])
+        assert slowest < ONE_STEP, f"rank {rank} waited {slowest:.1f} s in a step"
+    assert sorted(e["rank"] for e in fixed.action("guard_error")) == failed
+    said = {"guard_error", "summary"} if failed else set()  # the exit summary counts it
+    assert [e for e in fixed.events if e["action"] not in said] == [], fixed.events
+
+
+def test_a_gradient_changed_on_one_rank_after_ddps_all_reduce_is_that_ranks_alone(job):
+    """Outside DDP's contract (its replicas drift apart, unguarded too): a NaN put into
+    rank 1's gradient after the all-reduce. By default that rank skips the step alone, as
+    torch's GradScaler and a hand-written local check do; rank 0, whose gradients are
+    finite, steps and says nothing. ``exchange_ddp = true`` decides it together (the
+    tests above)."""
+    fixed, plain = job(DDP, "fix"), job(DDP, "plain")
+    history = [rank["history"] for rank in fixed.ranks]
+    assert_same(history[0][NAN_STEP], plain.ranks[0]["history"][NAN_STEP], "rank 0 stepped")
+    assert_same(history[1][NAN_STEP]["weights"], history[1][NAN_STEP - 1]["weights"], "rank 1")
+    assert finite(fixed.ranks[1]["final"])
+    assert fixed.nonfinite() == [], "rank 0 found nothing: the group's voice says nothing"
+    summaries = fixed.action("steps_skipped")
+    assert [e["rank"] for e in summaries] == [1], summaries
 
 
 def test_gradient_accumulation_on_every_rank_stays_in_step(job):
@@ -690,12 +759,72 @@ def test_the_guards_wait_is_at_most_half_the_process_groups_timeout():
         dist.destroy_process_group()
 
 
-def test_a_join_with_uneven_inputs_runs_as_unguarded(job):
+@pytest.mark.parametrize("variant", ["fix", "fix-exchange"])
+def test_a_join_with_uneven_inputs_runs_as_unguarded(job, variant):
     """DDP under ``Join`` over a subgroup with a 10 s timeout, rank 1 one batch short:
-    rank 1 shadows the model's collectives, never the guard's exchange. The ranks decide
-    alone in a Join (said once, as a note), no step waits, and both ranks end as the
-    unguarded job does, bit for bit."""
-    plain, fixed = job(JOIN, "plain"), job(JOIN, "fix")
+    rank 1 shadows the model's collectives, never the guard's exchange. No step waits,
+    and both ranks end as the unguarded job does, bit for bit. Plain DDP exchanges
+    nothing and says nothing; with ``exchange_ddp = true`` the ranks decide alone in a
+    Join, said once, as a note."""
+    plain, fixed = job(JOIN, "plain"), job(JOIN, variant)
     assert_no_guard_error(fixed)
+    if variant == "fix":
+        for rank in (0, 1):
+            assert_same(fixed.ranks[rank]["history"], plain.ranks[rank]["history"], f"{rank}")
+        assert fixed.events == [], fixed.events
+        return
     notes = assert_each_rank_as_unguarded(plain, fixed)
     assert all(e["level"] == "info" and "Join" in e["event"] for e in notes), notes
+
+
+def test_plain_ddp_is_told_from_what_exchanges():
+    """Which DDP steps are decided without the exchange (``replicas``): a DDP module over
+    the model's ranks whose last forward set up a synchronised backward, with torch's own
+    hooks; not one under ``no_sync()`` or without grad, one with a parameter of the
+    optimizer it does not hold, one that ignores parameters, nor one with a
+    communication hook that may leave the ranks' gradients apart (post-local SGD, one of
+    the user's)."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    from autograd_guard.guards.grad_health.replicas import replicas_of, synced
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = DistributedDataParallel(torch.nn.Linear(3, 2))
+        same = replicas_of(dist, [model, model], [0])
+        assert len(same) == 1 and same[0]() is model
+        assert replicas_of(dist, [model, None], [0]) == []  # a parameter DDP does not hold
+        assert replicas_of(dist, [model], [0, 1]) == []  # not over the model's ranks
+        x = torch.randn(4, 3)
+        model(x).sum().backward()
+        assert synced(same)
+        with model.no_sync():
+            model(x).sum().backward()
+        assert not synced(same)
+        with torch.no_grad():
+            model(x)
+        assert not synced(same)
+        model(x).sum().backward()
+        assert synced(same)
+
+        hooked = DistributedDataParallel(torch.nn.Linear(3, 2))
+        hooked.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        assert replicas_of(dist, [hooked], [0])
+
+        def users_hook(state, bucket):  # may change the gradient on one rank
+            return default_hooks.allreduce_hook(state, bucket)
+
+        custom = DistributedDataParallel(torch.nn.Linear(3, 2))
+        custom.register_comm_hook(None, users_hook)
+        assert replicas_of(dist, [custom], [0]) == []
+
+        inner = torch.nn.Linear(3, 2)
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(inner, ["bias"])
+        assert replicas_of(dist, [DistributedDataParallel(inner)], [0]) == []
+        assert replicas_of(dist, [inner], [0]) == []  # not a DDP module
+    finally:
+        dist.destroy_process_group()

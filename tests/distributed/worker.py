@@ -433,7 +433,8 @@ def with_fault(scenario, rank, fault):
             check_fails(job)
         return job
     if rank == 1 and fault != "skip":
-        at = 0 if fault.startswith("first_") else NAN_STEP  # the first step: "first_hook_catch"
+        # the first step ("first_hook_catch"), the last ("last_hook_catch") or NAN_STEP
+        at = {"first": 0, "last": job.steps - 1}.get(fault.split("_")[0], NAN_STEP)
 
         def hook(optimizer, args, kwargs):
             if job.step_now == at:
@@ -498,7 +499,7 @@ def train(job, rank, variant):
             happened.append(f"raised at step {step}")
             stop = True
         except RuntimeError:
-            if job.fault not in ("catch", "hook_catch", "first_hook_catch"):
+            if job.fault not in ("catch", "hook_catch", "first_hook_catch", "last_hook_catch"):
                 raise
             happened.append(f"caught its error at step {step}")
         job.optimizer.zero_grad()
@@ -527,7 +528,7 @@ def local_step(job, rank, variant, step, happened, refused):
 
 
 def dcp_resume_after_skip(rank, variant, outdir):
-    """DDP with a NaN in rank 1's gradient at the first step; a
+    """DDP with a NaN in rank 1's input at the first step (its all-reduce spreads it); a
     ``torch.distributed.checkpoint`` save right after that step (before the next
     ``zero_grad()``), a fresh model and optimizer loaded from it, two more steps."""
     import torch.distributed.checkpoint as dcp
@@ -539,9 +540,9 @@ def dcp_resume_after_skip(rank, variant, outdir):
     for step in range(3):
         opt.zero_grad()
         x, y = batch(step, rank)
-        F.mse_loss(model(x), y).backward()
         if step == 0 and rank == 1:
-            model.module[0].weight.grad[0, 0] = NAN
+            x = x * NAN
+        F.mse_loss(model(x), y).backward()
         if variant == "handfix" and not consumed_finite(opt):
             happened.append(f"skipped step {step}")
             opt.zero_grad()  # the hand-written skip drops the gradients too

@@ -22,7 +22,8 @@ do); ``strict`` raises before the weights change. A closure step is checked afte
 evaluation and stopped there, undone from a snapshot where it may have moved the weights
 (LBFGS, SAM). The ranks of one model (DDP, ZeRO, FSDP, tensor parallel, pipeline stages)
 decide each step together, on a channel of the guard's own that never meets the user's
-collectives (or alone, said once, where they are out of step). A fused optimizer on CUDA is
+collectives (or alone, said once, where they are out of step); plain DDP, whose gradients
+are the same on every rank, needs no exchange (``replicas``). A fused optimizer on CUDA is
 lent the flag and skips on the device, with no host sync; steps that GradScaler hands to a
 fused optimizer are its to skip. After the first non-finite step, a few backward passes are
 recorded to name the backward op that first produced the value and the forward line that ran
@@ -126,6 +127,14 @@ class GradHealth(Guard):
             "process groups the model uses",
             minimum=1.0,
             maximum=86_400.0,
+        ),
+        "exchange_ddp": Option(
+            bool,
+            False,
+            "exchange at a plain DDP model's steps too; by default each rank of it decides "
+            "on its own gradients, which DDP's all-reduce made the same on every rank (as "
+            "torch's GradScaler does), with nothing exchanged: set it where your code "
+            "changes a gradient on one rank after DDP's all-reduce",
         ),
         "zero_steps": Option(
             int,

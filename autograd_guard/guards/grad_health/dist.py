@@ -21,6 +21,7 @@ import weakref
 from autograd_guard._common.environment import rank
 from autograd_guard.guards.grad_health.channel import ChannelClosed, channel_for
 from autograd_guard.guards.grad_health.check import ALL_ZERO, SOME_VALUE, wrapper_modules
+from autograd_guard.guards.grad_health.replicas import replicas_of, synced
 from autograd_guard.guards.grad_health.step import params_of
 
 TYPE_CHECKING = False
@@ -33,19 +34,26 @@ if TYPE_CHECKING:
 WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 _FLAT = "_flat_param"
 _STAGE = ("torch.distributed.pipelining.stage", "_PipelineStageBase")
+_ZERO = ("torch.distributed.optim.zero_redundancy_optimizer", "ZeroRedundancyOptimizer")
 
 
 class Sharing:
     """How one optimizer's parameters are shared: the ranks that decide together, the
     guard's channel between them and the parameters whose gradients this rank consumes."""
 
-    __slots__ = ("channel", "first", "index", "joinables", "ranks", "shard")
+    __slots__ = ("channel", "first", "index", "joinables", "ranks", "replicas", "shard")
 
     def __init__(
-        self, channel: Channel, shard: list[Any], index: int, joinables: list[Any] | None = None
+        self,
+        channel: Channel,
+        shard: list[Any],
+        index: int,
+        joinables: list[Any] | None = None,
+        replicas: list[weakref.ref[Any]] | None = None,
     ) -> None:
         self.channel = channel
         self.joinables = [weakref.ref(j) for j in joinables or ()]  # DDP, ZeRO: ``Join``-able
+        self.replicas = replicas or []  # plain DDP modules holding every parameter
         self.shard = shard
         self.ranks = channel.ranks
         self.first = channel.me == 0  # logs the group's decisions
@@ -75,6 +83,11 @@ class Sharing:
         all_zero = ALL_ZERO in words and SOME_VALUE not in words
         return [rank for rank, flag in zip(self.ranks, summed, strict=False) if flag], all_zero
 
+    def identical(self) -> bool:
+        """Every rank holds the same gradients for this step (plain DDP, its last forward
+        synchronised: ``replicas``): each decides alone, with nothing exchanged."""
+        return synced(self.replicas)
+
     def joining(self) -> bool:
         """A ``Join`` context (uneven inputs) is on for the model or its optimizer: a rank
         that ran out of inputs shadows the others' collectives, never the guard's."""
@@ -86,7 +99,10 @@ class Sharing:
 
     def gather_names(self, names: list[str]) -> list[str]:
         """Every rank's names of its non-finite parameters (after ``exchange`` found some,
-        so every rank of the group calls it); this rank's alone if the channel fails."""
+        so every rank of the group calls it); this rank's alone if the channel fails, or
+        where every rank holds the same gradients."""
+        if self.identical():
+            return names
         try:
             gathered = self.channel.gather(names)
         except ChannelClosed:
@@ -114,21 +130,20 @@ def _out_of_step(ranks: list[int], tags: list[float]) -> str:
     return f"the ranks were not at the same optimizer step ({', '.join(said)}): {why}"
 
 
-def sharing_of(optimizer: Any, params: list[Any], timeout: float, count: int) -> Sharing | None:
+def sharing_of(
+    optimizer: Any, params: list[Any], timeout: float, count: int, exchange_ddp: bool = False
+) -> Sharing | None:
     """How ``optimizer``'s parameters are shared across ranks; None when it decides alone
     (one process, or parameters no rank shares). ``count``: the optimizers already
-    sharing (each gets its place on a channel)."""
+    sharing (each gets its place on a channel); ``exchange_ddp``: plain DDP exchanges too
+    (``replicas``)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
     rank()  # remembered for the events written after destroy_process_group()
     if dist.get_world_size() < 2:
         return None
-    zero = getattr(
-        sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer"),
-        "ZeroRedundancyOptimizer",
-        None,
-    )
+    zero = getattr(sys.modules.get(_ZERO[0]), _ZERO[1], None)
     shard = params
     found: list[frozenset[int]] = []
     groups: list[Any] = [None]  # the user's groups the model uses (None: the default one)
@@ -140,8 +155,10 @@ def sharing_of(optimizer: Any, params: list[Any], timeout: float, count: int) ->
         joinables.append(optimizer)
     owners = _owners(dist)
     meshes: dict[int, Any] = {}
+    held_by: list[Any] = []  # the module holding each parameter (None: a DTensor's mesh)
     for param in params:
         held = _mesh_ranks(param)
+        owner = None
         if held is not None:
             meshes.setdefault(id(param.device_mesh), param.device_mesh)
         else:
@@ -149,19 +166,27 @@ def sharing_of(optimizer: Any, params: list[Any], timeout: float, count: int) ->
             if owner is not None and owner not in joinables:
                 groups.append(group)
                 joinables.append(owner)
+        held_by.append(owner)
         if held is not None and held not in found:
             found.append(held)
     ranks = _model_ranks(dist, found)
     if len(ranks) < 2 or dist.get_rank() not in ranks:
         return None
-    for mesh in meshes.values():
-        with contextlib.suppress(Exception):  # a mesh without its groups: the default's
-            groups += list(mesh.get_all_groups())
-    users = [t for t in (group_timeout(dist, g) for g in groups) if t is not None]
-    if users:  # the guard's wait is never the one that times out first
-        timeout = max(min(timeout, min(users) / 2), 0.5)
+    timeout = _guard_wait(dist, timeout, groups, list(meshes.values()))
     joining = [j for j in joinables if hasattr(j, "_join_config")]
-    return Sharing(channel_for(dist, ranks, timeout), shard, count, joining)
+    plain = shard is params and not exchange_ddp  # not ZeRO's shards
+    same = replicas_of(dist, held_by, ranks) if plain else []
+    return Sharing(channel_for(dist, ranks, timeout), shard, count, joining, same)
+
+
+def _guard_wait(dist: Any, timeout: float, groups: list[Any], meshes: list[Any]) -> float:
+    """The guard's wait: ``timeout``, at most half the shortest timeout of the user's
+    ``groups`` and ``meshes``' groups (never the one that times out first)."""
+    for mesh in meshes:
+        with contextlib.suppress(Exception):  # a mesh without its groups: the default's
+            groups = groups + list(mesh.get_all_groups())
+    users = [t for t in (group_timeout(dist, g) for g in groups) if t is not None]
+    return max(min(timeout, min(users) / 2), 0.5) if users else timeout
 
 
 def group_timeout(dist: Any, group: Any) -> float | None:

@@ -33,7 +33,9 @@ the hooks). Not covered: a step left so at the optimizer's very first step (the 
 come at the first shared step's check), a model whose top module is never called (its
 parts called one by one), and a pipeline on a torch whose stages lack
 ``clear_runtime_states``: there the ranks decide at the guard's timeout, at most half
-the shortest timeout of the process groups the model uses (``channel``).
+the shortest timeout of the process groups the model uses (``channel``). None of this
+waits with plain DDP, which exchanges nothing (``replicas``): a step it decides so posts
+nothing.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The shared half of grad_health's step logic: a step whose optimizer's parameters are
 shared by the ranks of one model is decided together, on the guard's own channel
-(``dist``, ``channel``), or alone once the ranks cannot decide together. A step that
-ends on this rank without its word (skipped by the loop, a pre-hook that raised) is
-posted at the model's next forward (``skips``); inside a ``Join`` context (uneven inputs)
-the ranks decide alone from then on (a rank out of inputs shadows only the model's
-collectives).
+(``dist``, ``channel``), or alone once the ranks cannot decide together; where every
+rank holds the same gradients (plain DDP, ``replicas``), each rank's verdict is theirs,
+with nothing exchanged. A step that ends on this rank without its word (skipped by the
+loop, a pre-hook that raised) is posted at the model's next forward (``skips``); inside
+a ``Join`` context (uneven inputs) the ranks decide alone from then on (a rank out of
+inputs shadows only the model's collectives).
 """
 
 from __future__ import annotations
@@ -74,9 +75,12 @@ class Together:
             self._voice.fail("step check", exc)
         skips.spoke(record)
         try:
-            if sharing.joining():
+            if sharing.identical():  # plain DDP (in a Join too): every rank finds the same
+                ranks, all_zero = (list(sharing.ranks) if local else []), word == ALL_ZERO
+            elif sharing.joining():
                 raise sharing.channel.close(JOINING)
-            ranks, all_zero = sharing.exchange(local, word, record.step)
+            else:
+                ranks, all_zero = sharing.exchange(local, word, record.step)
         except ChannelClosed as closed:
             self._alone(optimizer, sharing, str(closed))
             if not local:
@@ -122,8 +126,10 @@ class Together:
         if record.shared_known != len(params):  # the first step, or add_param_group
             record.shared_known = len(params)
             count = sum(1 for other in records.all() if other.sharing is not None)
-            timeout = self._voice.config["exchange_timeout"]
-            record.sharing = sharing = sharing_of(optimizer, params, timeout, count)
+            config = self._voice.config
+            record.sharing = sharing = sharing_of(
+                optimizer, params, config["exchange_timeout"], count, config["exchange_ddp"]
+            )
             if sharing is not None and self._voice.mode != "observe":  # observe never waits
                 try:
                     skips.watch(optimizer, record, params, self._skipped, self._hooks.eager)
@@ -139,6 +145,8 @@ class Together:
         sharing = record.sharing
         try:
             if sharing is None or sharing.channel.closed is not None:
+                return
+            if sharing.identical():  # the others decided this step without an exchange
                 return
             try:
                 sharing.exchange(False, NO_GRADIENTS, step, spoke=False)
