@@ -152,6 +152,8 @@ def guarded(scenario: str, mode: str) -> str:
     """The variant of ``mode`` for ``scenario``: DDP's NaN comes after its all-reduce, on
     rank 1 alone, which only ``exchange_ddp = true`` decides together."""
     return f"{mode}-exchange" if scenario == DDP else mode
+
+
 # where a NaN reaches a consumed gradient (ZeRO's other shard: a gradient nobody reads)
 SKIPPING = [s for s in SCENARIOS if s != ZERO_OTHER]
 
@@ -470,7 +472,7 @@ def assert_alone_as_unguarded(
     assert sorted(e["rank"] for e in errors) == list(failed), errors
     assert all("rank" in e for e in fixed.events), [e for e in fixed.events if "rank" not in e]
     notices = assert_each_rank_as_unguarded(plain, fixed)
-    said = f"rank 0 at its step {step}, rank 1 left its step {step} with no word"
+    said = f"rank 0 at its step {step}, rank 1 began a forward pass before its step {step}'s check"
     assert all(said in e["event"] for e in notices), notices
     assert fixed.nonfinite() == []
 
@@ -598,6 +600,7 @@ PLAIN_DDP_EXITS = [
     f"{DDP}+last_hook_catch",
     f"{DDP}+skip",
     f"{DDP}+check_fails",
+    f"{DDP}+skip_all_eval_one",  # every rank skips, then rank 0 alone runs without grad
 ]
 
 
@@ -614,6 +617,7 @@ def test_plain_ddp_decides_without_the_exchange_whatever_step_a_rank_leaves(job,
     failed = [1] if scenario.endswith("+check_fails") else []
     assert skipped(fixed) == skipped(plain)
     assert failed or skipped(plain)[1], "rank 1 left no step"
+
     for rank in (0, 1):
         assert_same(fixed.ranks[rank]["history"], plain.ranks[rank]["history"], f"rank {rank}")
         slowest = max(fixed.ranks[rank]["seconds"])
@@ -637,6 +641,34 @@ def test_a_gradient_changed_on_one_rank_after_ddps_all_reduce_is_that_ranks_alon
     assert fixed.nonfinite() == [], "rank 0 found nothing: the group's voice says nothing"
     summaries = fixed.action("steps_skipped")
     assert [e["rank"] for e in summaries] == [1], summaries
+
+
+def test_a_forward_without_grad_on_one_rank_changes_no_decision(job):
+    """Rank 0 alone runs the DDP model without grad (logging, a metric) between backward
+    and step, where rank 1's input NaN reached every rank: each rank still decides on its
+    own (DDP's ``no_sync`` flag is read at forward passes with grad only), both skip, as
+    the hand-written skip does, with one event and no step waiting."""
+    scenario = f"{SPREAD}+eval_one"
+    fixed, handfix = job(scenario, "fix"), job(scenario, "handfix")
+    assert_ranks_equal(fixed, handfix, "fix and handfix", key="history")
+    assert skipped(handfix) == [[f"skipped step {NAN_STEP}"]] * 2
+    (event,) = fixed.nonfinite()
+    assert event["rank"] == 0 and event["ranks"] == [0, 1], event
+    assert fixed.action("ranks_out_of_step") == [], "the ranks chose alike"
+    assert_no_guard_error(fixed)
+    for rank in fixed.ranks:
+        assert max(rank["seconds"]) < ONE_STEP
+
+
+def test_a_hook_that_reduces_over_another_group_is_exchanged(job):
+    """torch's own ``allreduce_hook`` given a group of each rank alone as its state: DDP
+    leaves the gradients apart, so the step is exchanged, and rank 1's NaN skips it on
+    every rank, as the hand-written skip does, named once with rank 1."""
+    fixed, handfix = job("ddp_hook_own_group", "fix"), job("ddp_hook_own_group", "handfix")
+    assert skipped(handfix) == [[f"skipped step {NAN_STEP}"]] * 2
+    assert_ranks_equal(fixed, handfix, "fix and handfix", key="history")
+    (event,) = fixed.nonfinite()
+    assert event["rank"] == 0 and event["ranks"] == [1], event
 
 
 def test_gradient_accumulation_on_every_rank_stays_in_step(job):
@@ -788,43 +820,60 @@ def test_plain_ddp_is_told_from_what_exchanges():
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
-    from autograd_guard.guards.grad_health.replicas import replicas_of, synced
+    from autograd_guard.guards.grad_health.replicas import replicas_of
 
     if not dist.is_available() or dist.is_initialized():
         pytest.skip("needs torch.distributed and no process group in this process")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         model = DistributedDataParallel(torch.nn.Linear(3, 2))
-        same = replicas_of(dist, [model, model], [0])
-        assert len(same) == 1 and same[0]() is model
-        assert replicas_of(dist, [model, None], [0]) == []  # a parameter DDP does not hold
-        assert replicas_of(dist, [model], [0, 1]) == []  # not over the model's ranks
+
+        def eager(fn):
+            return fn
+
+        model = DistributedDataParallel(torch.nn.Linear(3, 2))
+        same = replicas_of(dist, [model, model], [0], eager)
+        assert same is not None and same.same()
+        assert replicas_of(dist, [model, None], [0], eager) is None  # one DDP does not hold
+        assert replicas_of(dist, [model], [0, 1], eager) is None  # not the model's ranks
         x = torch.randn(4, 3)
-        model(x).sum().backward()
-        assert synced(same)
         with model.no_sync():
             model(x).sum().backward()
-        assert not synced(same)
-        with torch.no_grad():
-            model(x)
-        assert not synced(same)
+        assert not same.same()
         model(x).sum().backward()
-        assert synced(same)
-
-        hooked = DistributedDataParallel(torch.nn.Linear(3, 2))
-        hooked.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        assert replicas_of(dist, [hooked], [0])
+        assert same.same()
+        with torch.no_grad():  # no backward set up: read as nothing (one rank alone, say)
+            model(x)
+        assert same.same()
+        with model.no_sync():
+            model(x).sum().backward()
+            with torch.no_grad():
+                model(x)
+        assert not same.same()
 
         def users_hook(state, bucket):  # may change the gradient on one rank
             return default_hooks.allreduce_hook(state, bucket)
 
+        hooked = DistributedDataParallel(torch.nn.Linear(3, 2))
+        hooked.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        assert replicas_of(dist, [hooked], [0], eager) is not None
         custom = DistributedDataParallel(torch.nn.Linear(3, 2))
         custom.register_comm_hook(None, users_hook)
-        assert replicas_of(dist, [custom], [0]) == []
+        assert replicas_of(dist, [custom], [0], eager) is None
+
+        late = DistributedDataParallel(torch.nn.Linear(3, 2))  # a hook after the first step
+        first = replicas_of(dist, [late], [0], eager)
+        assert first is not None and first.same()
+        late.register_comm_hook(None, users_hook)
+        assert not first.same()
+        late(x).sum().backward()
+        assert not first.same(), "an unknown hook: exchanged from then on"
+        first.remove()
+        assert not late._forward_hooks, "its forward hook is undone"
 
         inner = torch.nn.Linear(3, 2)
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(inner, ["bias"])
-        assert replicas_of(dist, [DistributedDataParallel(inner)], [0]) == []
-        assert replicas_of(dist, [inner], [0]) == []  # not a DDP module
+        assert replicas_of(dist, [DistributedDataParallel(inner)], [0], eager) is None
+        assert replicas_of(dist, [inner], [0], eager) is None  # not a DDP module
     finally:
         dist.destroy_process_group()

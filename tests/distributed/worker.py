@@ -57,7 +57,9 @@ class Job:
         self.data_rank = extra.get("data_rank")  # whose data this rank trains on, if not its own
         # rank 1 raises at NAN_STEP, caught or not: before step() ("catch", "raise"), or in
         # its optimizer's step pre-hook ("hook_catch", "hook_raise"); or its loop skips that
-        # step after backward (``continue``: "skip")
+        # step after backward (``continue``: "skip"); "eval_one": rank 0 alone runs a
+        # forward without grad between backward and step at NAN_STEP; "skip_all_eval_one":
+        # every rank skips that step after backward, then rank 0 alone runs one
         self.fault = extra.get("fault")
         self.step_now = -1  # the loop's step (the fault's pre-hook reads it)
         self.steps = extra.get("steps", STEPS)
@@ -290,6 +292,17 @@ def ddp_join_uneven(rank):
     return Job(model, adam(model.parameters()), steps=steps, join=True)
 
 
+def ddp_hook_own_group(rank):
+    """torch's ``allreduce_hook`` given a group of this rank alone as its state: DDP
+    reduces nothing across ranks, so rank 1's input NaN stays on rank 1."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]
+    model = ddp(make_model())
+    model.register_comm_hook(groups[rank], default_hooks.allreduce_hook)
+    return Job(model, adam(model.parameters()), poison_input=True)
+
+
 def ddp_rank_raises(rank):
     """No NaN: rank 1 raises before ``step()`` at NAN_STEP and does not catch it."""
     model = ddp(make_model())
@@ -349,6 +362,7 @@ SCENARIOS = {
         ddp_join_uneven,
         ddp_singular_point,
         ddp_accumulates,
+        ddp_hook_own_group,
     )
 }
 
@@ -427,7 +441,10 @@ def with_fault(scenario, rank, fault):
     (``fault``: caught by the loop or not), in its optimizer's step pre-hook; or (``skip``)
     its loop skips that step after backward."""
     job = SCENARIOS[scenario](rank)
-    job.poison, job.poison_input, job.fault = None, False, fault
+    job.fault = fault
+    if fault == "eval_one":  # the scenario's NaN kept
+        return job
+    job.poison, job.poison_input = None, False
     if fault == "check_fails":
         if rank == 1 and os.environ.get("AUTOGRAD_GUARD"):
             check_fails(job)
@@ -482,8 +499,15 @@ def train(job, rank, variant):
             loss.backward()
         if nan_step and job.poison is not None:
             job.poisoned = job.poison()
-        if step == NAN_STEP and rank == 1 and job.fault == "skip":  # if bad: continue
+        if step == NAN_STEP and rank == 0 and job.fault == "eval_one":
+            with torch.no_grad():  # rank 0 alone: a forward pass without grad (logging)
+                job.model(x)
+        leaves = (rank == 1 and job.fault == "skip") or job.fault == "skip_all_eval_one"
+        if step == NAN_STEP and leaves:  # if bad: continue
             happened.append(f"skipped step {step}")
+            if rank == 0:  # skip_all_eval_one: then rank 0 alone runs one without grad
+                with torch.no_grad():
+                    job.model(x)
             history.append(snapshot(job))
             job.seconds.append(time.monotonic() - started)
             continue

@@ -21,14 +21,16 @@ import weakref
 from autograd_guard._common.environment import rank
 from autograd_guard.guards.grad_health.channel import ChannelClosed, channel_for
 from autograd_guard.guards.grad_health.check import ALL_ZERO, SOME_VALUE, wrapper_modules
-from autograd_guard.guards.grad_health.replicas import replicas_of, synced
+from autograd_guard.guards.grad_health.replicas import replicas_of
 from autograd_guard.guards.grad_health.step import params_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from autograd_guard.guards.grad_health.channel import Channel
+    from autograd_guard.guards.grad_health.replicas import Replicas
 
 # Wrapper modules whose names are not the user's (FSDP1, activation checkpointing, compile)
 WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
@@ -49,11 +51,11 @@ class Sharing:
         shard: list[Any],
         index: int,
         joinables: list[Any] | None = None,
-        replicas: list[weakref.ref[Any]] | None = None,
+        replicas: Replicas | None = None,
     ) -> None:
         self.channel = channel
         self.joinables = [weakref.ref(j) for j in joinables or ()]  # DDP, ZeRO: ``Join``-able
-        self.replicas = replicas or []  # plain DDP modules holding every parameter
+        self.replicas = replicas  # plain DDP modules holding every parameter
         self.shard = shard
         self.ranks = channel.ranks
         self.first = channel.me == 0  # logs the group's decisions
@@ -86,7 +88,12 @@ class Sharing:
     def identical(self) -> bool:
         """Every rank holds the same gradients for this step (plain DDP, its last forward
         synchronised: ``replicas``): each decides alone, with nothing exchanged."""
-        return synced(self.replicas)
+        return self.replicas is not None and self.replicas.same()
+
+    def release(self) -> None:
+        """Its hooks go (the optimizer's record is dropped, or the guard detached)."""
+        if self.replicas is not None:
+            self.replicas.remove()
 
     def joining(self) -> bool:
         """A ``Join`` context (uneven inputs) is on for the model or its optimizer: a rank
@@ -118,7 +125,7 @@ def _out_of_step(ranks: list[int], tags: list[float]) -> str:
     said = [
         f"rank {rank} at its step {int(tag) // 1024}"
         if tag >= 0
-        else f"rank {rank} left its step {int(-tag - 1) // 1024} with no word"
+        else f"rank {rank} began a forward pass before its step {int(-tag - 1) // 1024}'s check"
         for rank, tag in zip(ranks, tags, strict=True)
     ]
     why = (
@@ -131,12 +138,16 @@ def _out_of_step(ranks: list[int], tags: list[float]) -> str:
 
 
 def sharing_of(
-    optimizer: Any, params: list[Any], timeout: float, count: int, exchange_ddp: bool = False
+    optimizer: Any,
+    params: list[Any],
+    timeout: float,
+    count: int,
+    plain: Callable[[Any], Any] | None = None,
 ) -> Sharing | None:
     """How ``optimizer``'s parameters are shared across ranks; None when it decides alone
     (one process, or parameters no rank shares). ``count``: the optimizers already
-    sharing (each gets its place on a channel); ``exchange_ddp``: plain DDP exchanges too
-    (``replicas``)."""
+    sharing (each gets its place on a channel); ``plain``: where plain DDP decides with
+    no exchange (``replicas``), how its forward hook is kept out of compiled code."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
@@ -174,8 +185,7 @@ def sharing_of(
         return None
     timeout = _guard_wait(dist, timeout, groups, list(meshes.values()))
     joining = [j for j in joinables if hasattr(j, "_join_config")]
-    plain = shard is params and not exchange_ddp  # not ZeRO's shards
-    same = replicas_of(dist, held_by, ranks) if plain else []
+    same = replicas_of(dist, held_by, ranks, plain) if plain and shard is params else None
     return Sharing(channel_for(dist, ranks, timeout), shard, count, joining, same)
 
 

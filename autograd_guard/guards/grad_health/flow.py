@@ -94,6 +94,8 @@ class StepFlow:
     def _close_watches(self) -> None:
         for record in self.records.all():
             skips.remove(record)  # the model's hooks gone (a step left is told no more)
+            if record.sharing is not None:
+                record.sharing.release()
             if record.first is not None:  # an optimizer that never stepped: its pre-hook
                 record.first.remove()
                 record.first = None

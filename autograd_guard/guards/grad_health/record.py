@@ -173,6 +173,8 @@ class Record:
         self.gone = True
         self.waiting, self.names = {}, {}
         self.pending.clear()
+        if self.sharing is not None:
+            self.sharing.release()
         self.sharing = None
 
     def nonfinite(self, stall_steps: int) -> bool:

@@ -127,8 +127,11 @@ class Together:
             record.shared_known = len(params)
             count = sum(1 for other in records.all() if other.sharing is not None)
             config = self._voice.config
+            if record.sharing is not None:  # add_param_group: found again
+                record.sharing.release()
+            plain = None if config["exchange_ddp"] else self._hooks.eager
             record.sharing = sharing = sharing_of(
-                optimizer, params, config["exchange_timeout"], count, config["exchange_ddp"]
+                optimizer, params, config["exchange_timeout"], count, plain
             )
             if sharing is not None and self._voice.mode != "observe":  # observe never waits
                 try:
