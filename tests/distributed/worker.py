@@ -292,6 +292,32 @@ def ddp_join_uneven(rank):
     return Job(model, adam(model.parameters()), steps=steps, join=True)
 
 
+def ddp_accumulates_no_sync(rank):
+    """DDP's accumulation idiom (accelerate's and Lightning's): two forward and backward
+    passes per step, the first under ``no_sync()``; no step skipped."""
+    model = ddp(make_model())
+
+    def forward_backward(x, y):
+        with model.no_sync():
+            F.mse_loss(model(x[:4]), y[:4]).backward()
+        F.mse_loss(model(x[4:]), y[4:]).backward()
+
+    return Job(model, adam(model.parameters()), forward_backward=forward_backward)
+
+
+def ddp_local_steps(rank):
+    """Every step after a ``no_sync()`` backward (local SGD): each rank steps on its own
+    gradients; rank 1's input NaN stays on rank 1."""
+    model = ddp(make_model())
+
+    def forward_backward(x, y):
+        with model.no_sync():
+            F.mse_loss(model(x), y).backward()
+
+    opt = adam(model.parameters())
+    return Job(model, opt, forward_backward=forward_backward, poison_input=True)
+
+
 def ddp_hook_own_group(rank):
     """torch's ``allreduce_hook`` given a group of this rank alone as its state: DDP
     reduces nothing across ranks, so rank 1's input NaN stays on rank 1."""
@@ -363,6 +389,8 @@ SCENARIOS = {
         ddp_singular_point,
         ddp_accumulates,
         ddp_hook_own_group,
+        ddp_accumulates_no_sync,
+        ddp_local_steps,
     )
 }
 

@@ -85,10 +85,19 @@ class Sharing:
         all_zero = ALL_ZERO in words and SOME_VALUE not in words
         return [rank for rank, flag in zip(self.ranks, summed, strict=False) if flag], all_zero
 
+    def plain(self) -> bool:
+        """Plain DDP (``replicas``): its steps are never exchanged."""
+        return self.replicas is not None and self.replicas.plain()
+
+    def synced(self) -> bool:
+        """Plain DDP's last forward with grad was synchronised: after its backward every
+        rank holds the same gradients (where ``plain``)."""
+        return self.replicas is not None and self.replicas.synced()
+
     def identical(self) -> bool:
-        """Every rank holds the same gradients for this step (plain DDP, its last forward
-        synchronised: ``replicas``): each decides alone, with nothing exchanged."""
-        return self.replicas is not None and self.replicas.same()
+        """Every rank holds the same gradients for this step: each decides alone, and
+        each finds what the others find."""
+        return self.plain() and self.synced()
 
     def release(self) -> None:
         """Its hooks go (the optimizer's record is dropped, or the guard detached)."""

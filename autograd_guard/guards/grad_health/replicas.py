@@ -28,8 +28,12 @@ because their updates are. A step is decided so where:
   all-reduces in its backward (not the Python reducer of compiled autograd, nor
   ``delay_all_reduce_named_params`` covering every parameter).
 
-Anything else exchanges as before: ZeRO, FSDP, DTensor, pipelining, a local parameter
-beside DDP's, an unknown hook, a step right after a ``no_sync()`` backward. The
+A step right after a ``no_sync()`` backward (local SGD, a step inside gradient
+accumulation) holds each rank's own gradients: each rank decides it alone and says so
+itself, with nothing exchanged either. So a plain DDP model never exchanges, and the skip
+watch never posts for it (accumulating micro-batches cost no exchange). Anything else
+exchanges as before: ZeRO, FSDP, DTensor, pipelining, a local parameter beside DDP's, an
+unknown hook. The
 conditions are read from what every rank of a job DDP can run does alike (the same
 model, hooks, ``no_sync()`` and forward passes with grad: DDP needs them), so the ranks
 choose alike; a forward without grad, which may run on one rank alone, is not read.
@@ -118,13 +122,12 @@ class Replicas:
         if sys.modules["torch"].is_grad_enabled():  # one without grad sets up no backward
             self._synced[id(module)] = module.require_backward_grad_sync is True
 
-    def same(self) -> bool:
-        """Every rank holds the same gradients now: each module's last forward with grad
-        synchronised, and no hook registered since that may change that (one that does
-        makes every later step exchanged)."""
+    def plain(self) -> bool:
+        """Each module lives and no hook registered since may leave the ranks' reduced
+        gradients apart (one that may makes every later step exchanged)."""
         for ref in self._modules:
             module = ref()
-            if module is None or not self._synced.get(id(module)):
+            if module is None:
                 return False
             hooks = _hooks_of(module)
             if hooks != self._hooks[id(module)]:
@@ -133,6 +136,15 @@ class Replicas:
                     return False
                 self._hooks[id(module)] = hooks
         return bool(self._modules)
+
+    def synced(self) -> bool:
+        """Each module's last forward pass with grad ran outside ``no_sync()``: after its
+        backward every rank holds the same gradients (where ``plain``)."""
+        for ref in self._modules:
+            module = ref()
+            if module is None or not self._synced.get(id(module)):
+                return False
+        return True
 
     def remove(self) -> None:
         for handle in self._handles:

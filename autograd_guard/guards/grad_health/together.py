@@ -75,7 +75,9 @@ class Together:
             self._voice.fail("step check", exc)
         skips.spoke(record)
         try:
-            if sharing.identical():  # plain DDP (in a Join too): every rank finds the same
+            if sharing.plain():  # plain DDP (in a Join too): nothing exchanged
+                if not sharing.synced():  # after no_sync(): this rank's own gradients
+                    return self._own(optimizer, record, consumed, local, gated, evaluation)
                 ranks, all_zero = (list(sharing.ranks) if local else []), word == ALL_ZERO
             elif sharing.joining():
                 raise sharing.channel.close(JOINING)
@@ -83,12 +85,7 @@ class Together:
                 ranks, all_zero = sharing.exchange(local, word, record.step)
         except ChannelClosed as closed:
             self._alone(optimizer, sharing, str(closed))
-            if not local:
-                return RUN
-            bad = [p for p in consumed if p.grad is not None]
-            return self._nonfinite.verdict(
-                optimizer, record, bad, gated=gated, evaluation=evaluation
-            )
+            return self._own(optimizer, record, consumed, local, gated, evaluation)
         if not ranks:
             record.in_a_row = 0
             self._zero.counted(optimizer, record, all_zero, sharing)
@@ -97,6 +94,21 @@ class Together:
         return self._nonfinite.verdict(
             optimizer, record, bad, gated=gated, sharing=sharing, ranks=ranks, evaluation=evaluation
         )
+
+    def _own(
+        self,
+        optimizer: Any,
+        record: Record,
+        consumed: list[Any],
+        local: bool,
+        gated: bool,
+        evaluation: Evaluation | None,
+    ) -> object:
+        """This rank's verdict on its own gradients, said by itself."""
+        if not local:
+            return RUN
+        bad = [p for p in consumed if p.grad is not None]
+        return self._nonfinite.verdict(optimizer, record, bad, gated=gated, evaluation=evaluation)
 
     def _alone(self, optimizer: Any, sharing: Sharing, why: str) -> None:
         """The ranks cannot decide together any more: said once per channel, by each rank."""
@@ -149,7 +161,7 @@ class Together:
         try:
             if sharing is None or sharing.channel.closed is not None:
                 return
-            if sharing.identical():  # the others decided this step without an exchange
+            if sharing.plain():  # plain DDP: no rank waits in an exchange
                 return
             try:
                 sharing.exchange(False, NO_GRADIENTS, step, spoke=False)
