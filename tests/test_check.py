@@ -30,7 +30,7 @@ def test_check_reports_every_problem_at_once(tmp_path, capsys):
     assert err.splitlines() == [
         "invalid policy: p.toml: guards.grad_health.lost_step: unknown key; did you mean "
         "'lost_steps'? (allowed: enabled, mode, force, lost_steps, nonfinite, localize_steps, "
-        "nonfinite_fix, stall_steps, on_stall, exchange_timeout, zero_steps)",
+        "nonfinite_fix, stall_steps, on_stall, exchange_timeout, exchange_ddp, zero_steps)",
         "invalid policy: p.toml: guards.grad_health.nonfinite: invalid value 'yes' "
         "(allowed: true or false)",
         "invalid policy: p.toml: guards.warp_torch_args.action: invalid value 'convrt'; "

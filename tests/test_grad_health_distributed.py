@@ -831,6 +831,8 @@ def test_plain_ddp_is_told_from_what_exchanges():
     optimizer it does not hold, one that ignores parameters, nor one with a
     communication hook that may leave the ranks' gradients apart (post-local SGD, one of
     the user's)."""
+    import gc
+
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
@@ -877,6 +879,17 @@ def test_plain_ddp_is_told_from_what_exchanges():
         custom = DistributedDataParallel(torch.nn.Linear(3, 2))
         custom.register_comm_hook(None, users_hook)
         assert replicas_of(dist, [custom], [0], eager) is None
+        users_hook.__qualname__ = "allreduce_hook"  # the tutorials' name, the user's code
+        named = DistributedDataParallel(torch.nn.Linear(3, 2))
+        named.register_comm_hook(None, users_hook)
+        assert replicas_of(dist, [named], [0], eager) is None
+
+        gone = DistributedDataParallel(torch.nn.Linear(3, 2))  # wrapped again, then freed
+        freed = replicas_of(dist, [gone], [0], eager)
+        assert freed is not None and freed.synced()
+        del gone
+        gc.collect()
+        assert freed.plain() and not freed.synced(), "never exchanged: each rank its own"
 
         late = DistributedDataParallel(torch.nn.Linear(3, 2))  # a hook after the first step
         first = replicas_of(dist, [late], [0], eager)

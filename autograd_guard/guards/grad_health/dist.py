@@ -153,10 +153,9 @@ def sharing_of(
     count: int,
     plain: Callable[[Any], Any] | None = None,
 ) -> Sharing | None:
-    """How ``optimizer``'s parameters are shared across ranks; None when it decides alone
-    (one process, or parameters no rank shares). ``count``: the optimizers already
-    sharing (each gets its place on a channel); ``plain``: where plain DDP decides with
-    no exchange (``replicas``), how its forward hook is kept out of compiled code."""
+    """How ``optimizer``'s parameters are shared across ranks (None: one process, or no
+    rank shares them). ``count``: the optimizers already sharing; ``plain``: plain DDP
+    decides with no exchange (``replicas``), its forward hook kept eager by it."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
@@ -192,10 +191,11 @@ def sharing_of(
     ranks = _model_ranks(dist, found)
     if len(ranks) < 2 or dist.get_rank() not in ranks:
         return None
-    timeout = _guard_wait(dist, timeout, groups, list(meshes.values()))
     joining = [j for j in joinables if hasattr(j, "_join_config")]
+    wait = _guard_wait(dist, timeout, groups, list(meshes.values()))
+    channel = channel_for(dist, ranks, wait)  # first: the hooks below go with Sharing
     same = replicas_of(dist, held_by, ranks, plain) if plain and shard is params else None
-    return Sharing(channel_for(dist, ranks, timeout), shard, count, joining, same)
+    return Sharing(channel, shard, count, joining, same)
 
 
 def _guard_wait(dist: Any, timeout: float, groups: list[Any], meshes: list[Any]) -> float:

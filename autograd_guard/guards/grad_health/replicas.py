@@ -24,14 +24,17 @@ because their updates are. A step is decided so where:
   upcast); a hook registered later is read at the next step;
 - its last forward pass with grad enabled ran outside ``no_sync()`` (a forward hook of
   the guard's: a forward without grad, on one rank alone, say, changes nothing; until
-  the first one seen, the ``no_sync()`` flag at the first shared step), on a DDP that
-  all-reduces in its backward (not the Python reducer of compiled autograd, nor
-  ``delay_all_reduce_named_params`` covering every parameter).
+  the first one seen, the ``no_sync()`` flag at the first shared step, so a first step
+  taken after its ``no_sync()`` block is read as synchronised: its events may name every
+  rank), on a DDP that all-reduces in its backward (not the Python reducer of compiled
+  autograd, nor ``delay_all_reduce_named_params`` covering every parameter).
 
 A step right after a ``no_sync()`` backward (local SGD, a step inside gradient
 accumulation) holds each rank's own gradients: each rank decides it alone and says so
-itself, with nothing exchanged either. So a plain DDP model never exchanges, and the skip
-watch never posts for it (accumulating micro-batches cost no exchange). Anything else
+itself, with nothing exchanged either (strict raises on that rank alone, as for a
+rank's local optimizer); so does a step whose DDP module is gone (the model wrapped
+again: ranks free the old one at different times). So a plain DDP model never exchanges,
+and the skip watch never posts for it (accumulating micro-batches cost no exchange). Anything else
 exchanges as before: ZeRO, FSDP, DTensor, pipelining, a local parameter beside DDP's, an
 unknown hook. The
 conditions are read from what every rank of a job DDP can run does alike (the same
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 _DDP = ("torch.nn.parallel.distributed", "DistributedDataParallel")
+_TORCHS_HOOKS = "torch.distributed.algorithms.ddp_comm_hooks."
 # communication hooks whose reduced gradient is the same on every rank, as DDP's logging
 # data names them (a wrapper of another hook is not among them: its inner hook may not be)
 SAME_ON_EVERY_RANK = frozenset(
@@ -101,7 +105,7 @@ class Replicas:
     """Plain DDP modules (``replicas_of``), whether each one's last forward pass with
     grad enabled set up a synchronised backward, and the hooks each had when read."""
 
-    __slots__ = ("_check", "_handles", "_hooks", "_modules", "_synced")
+    __slots__ = ("_check", "_handles", "_hooks", "_modules", "_off", "_synced")
 
     def __init__(
         self,
@@ -112,6 +116,7 @@ class Replicas:
         eager: Callable[[Any], Any],
     ) -> None:
         self._modules = [weakref.ref(module) for module in modules]
+        self._off = False  # a hook registered since may leave the gradients apart
         # until a forward is seen: the no_sync() flag at the first shared step
         self._synced = {id(m): m.require_backward_grad_sync is True for m in modules}
         self._hooks = {id(m): _hooks_of(m) for m in modules}
@@ -123,28 +128,30 @@ class Replicas:
             self._synced[id(module)] = module.require_backward_grad_sync is True
 
     def plain(self) -> bool:
-        """Each module lives and no hook registered since may leave the ranks' reduced
-        gradients apart (one that may makes every later step exchanged)."""
+        """No hook registered since may leave the ranks' reduced gradients apart (one that
+        may makes every later step exchanged, on every rank at the same step). A module
+        gone changes nothing here: ranks free it at different times (``synced``)."""
         for ref in self._modules:
             module = ref()
-            if module is None:
-                return False
+            if module is None or self._off:
+                continue
             hooks = _hooks_of(module)
             if hooks != self._hooks[id(module)]:
                 if not self._check(module):
-                    self._modules = []
-                    return False
+                    self._off = True
+                    break
                 self._hooks[id(module)] = hooks
-        return bool(self._modules)
+        return not self._off
 
     def synced(self) -> bool:
         """Each module's last forward pass with grad ran outside ``no_sync()``: after its
-        backward every rank holds the same gradients (where ``plain``)."""
+        backward every rank holds the same gradients (where ``plain``). A module gone
+        (the model wrapped again): each rank's gradients are taken as its own."""
         for ref in self._modules:
             module = ref()
             if module is None or not self._synced.get(id(module)):
                 return False
-        return True
+        return bool(self._modules)
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -180,6 +187,8 @@ def _hooks_keep_same(dist: Any, owner: Any, ranks: list[int]) -> bool:
     for hook, state in hooks:
         if getattr(hook, "__qualname__", None) not in SAME_ON_EVERY_RANK:
             return False
+        if not str(getattr(hook, "__module__", "")).startswith(_TORCHS_HOOKS):
+            return False  # a function of the user's by the same name
         group = getattr(state, "process_group", state)
         if hasattr(group, "rank") and _ranks(dist, group) != sorted(ranks):
             return False

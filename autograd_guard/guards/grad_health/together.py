@@ -77,7 +77,7 @@ class Together:
         try:
             if sharing.plain():  # plain DDP (in a Join too): nothing exchanged
                 if not sharing.synced():  # after no_sync(): this rank's own gradients
-                    return self._own(optimizer, record, consumed, local, gated, evaluation)
+                    return self._own(optimizer, record, consumed, (local, word), gated, evaluation)
                 ranks, all_zero = (list(sharing.ranks) if local else []), word == ALL_ZERO
             elif sharing.joining():
                 raise sharing.channel.close(JOINING)
@@ -85,7 +85,7 @@ class Together:
                 ranks, all_zero = sharing.exchange(local, word, record.step)
         except ChannelClosed as closed:
             self._alone(optimizer, sharing, str(closed))
-            return self._own(optimizer, record, consumed, local, gated, evaluation)
+            return self._own(optimizer, record, consumed, (local, word), gated, evaluation)
         if not ranks:
             record.in_a_row = 0
             self._zero.counted(optimizer, record, all_zero, sharing)
@@ -100,12 +100,16 @@ class Together:
         optimizer: Any,
         record: Record,
         consumed: list[Any],
-        local: bool,
+        found: tuple[bool, float],
         gated: bool,
         evaluation: Evaluation | None,
     ) -> object:
-        """This rank's verdict on its own gradients, said by itself."""
+        """This rank's verdict on its own gradients (``found``: whether they were not
+        finite, its word on zero gradients), said by itself."""
+        local, word = found
         if not local:
+            record.in_a_row = 0  # a finite step ends a stall
+            self._zero.counted(optimizer, record, word == ALL_ZERO)
             return RUN
         bad = [p for p in consumed if p.grad is not None]
         return self._nonfinite.verdict(optimizer, record, bad, gated=gated, evaluation=evaluation)
@@ -139,12 +143,13 @@ class Together:
             record.shared_known = len(params)
             count = sum(1 for other in records.all() if other.sharing is not None)
             config = self._voice.config
-            if record.sharing is not None:  # add_param_group: found again
-                record.sharing.release()
+            before = record.sharing  # add_param_group: found again
             plain = None if config["exchange_ddp"] else self._hooks.eager
             record.sharing = sharing = sharing_of(
                 optimizer, params, config["exchange_timeout"], count, plain
             )
+            if before is not None:
+                before.release()
             if sharing is not None and self._voice.mode != "observe":  # observe never waits
                 try:
                     skips.watch(optimizer, record, params, self._skipped, self._hooks.eager)
