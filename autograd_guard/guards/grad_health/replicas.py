@@ -33,13 +33,13 @@ A step right after a ``no_sync()`` backward (local SGD, a step inside gradient
 accumulation) holds each rank's own gradients: each rank decides it alone and says so
 itself, with nothing exchanged either (strict raises on that rank alone, as for a
 rank's local optimizer); so does a step whose DDP module is gone (the model wrapped
-again: ranks free the old one at different times). So a plain DDP model never exchanges,
-and the skip watch never posts for it (accumulating micro-batches cost no exchange). Anything else
-exchanges as before: ZeRO, FSDP, DTensor, pipelining, a local parameter beside DDP's, an
-unknown hook. The
-conditions are read from what every rank of a job DDP can run does alike (the same
-model, hooks, ``no_sync()`` and forward passes with grad: DDP needs them), so the ranks
-choose alike; a forward without grad, which may run on one rank alone, is not read.
+again: ranks free the old one at different times). So a plain DDP model never
+exchanges, and the skip watch never posts for it (accumulating micro-batches cost no
+exchange). Anything else exchanges as before: ZeRO, FSDP, DTensor, pipelining, a local
+parameter beside DDP's, an unknown hook. The conditions are read from what every rank of
+a job DDP can run does alike (the same model, hooks, ``no_sync()`` and forward passes
+with grad: DDP needs them), so the ranks choose alike; a forward without grad, which may
+run on one rank alone, is not read.
 Not covered: a parameter frozen when DDP was made and unfrozen later (DDP never
 all-reduces it, outside DDP's contract).
 """
@@ -57,20 +57,9 @@ if TYPE_CHECKING:
 _DDP = ("torch.nn.parallel.distributed", "DistributedDataParallel")
 _TORCHS_HOOKS = "torch.distributed.algorithms.ddp_comm_hooks."
 # communication hooks whose reduced gradient is the same on every rank, as DDP's logging
-# data names them (a wrapper of another hook is not among them: its inner hook may not be)
-SAME_ON_EVERY_RANK = frozenset(
-    {
-        "allreduce_hook",
-        "fp16_compress_hook",
-        "bf16_compress_hook",
-        "powerSGD_hook",
-        "batched_powerSGD_hook",
-        "_reducer_allreduce_and_upcast_hook",  # DDP(mixed_precision=...)
-        "BuiltinCommHookType.ALLREDUCE",
-        "BuiltinCommHookType.FP16_COMPRESS",
-    }
-)
-# those that reduce over the group given as their state (None: DDP's)
+# data names them (a wrapper of another hook is not among them: its inner hook may not
+# be): torch's that reduce over the group given as their state (None: DDP's), and those
+# that always reduce over DDP's group
 STATEFUL = frozenset(
     {
         "allreduce_hook",
@@ -80,6 +69,14 @@ STATEFUL = frozenset(
         "batched_powerSGD_hook",
     }
 )
+OVER_DDPS_GROUP = frozenset(
+    {
+        "_reducer_allreduce_and_upcast_hook",  # DDP(mixed_precision=...)
+        "BuiltinCommHookType.ALLREDUCE",
+        "BuiltinCommHookType.FP16_COMPRESS",
+    }
+)
+SAME_ON_EVERY_RANK = STATEFUL | OVER_DDPS_GROUP
 
 
 def replicas_of(
@@ -131,17 +128,19 @@ class Replicas:
         """No hook registered since may leave the ranks' reduced gradients apart (one that
         may makes every later step exchanged, on every rank at the same step). A module
         gone changes nothing here: ranks free it at different times (``synced``)."""
+        if self._off:
+            return False
         for ref in self._modules:
             module = ref()
-            if module is None or self._off:
+            if module is None:
                 continue
             hooks = _hooks_of(module)
             if hooks != self._hooks[id(module)]:
                 if not self._check(module):
                     self._off = True
-                    break
+                    return False
                 self._hooks[id(module)] = hooks
-        return not self._off
+        return True
 
     def synced(self) -> bool:
         """Each module's last forward pass with grad ran outside ``no_sync()``: after its
@@ -183,7 +182,7 @@ def _hooks_keep_same(dist: Any, owner: Any, ranks: list[int]) -> bool:
     name = owner._get_ddp_logging_data().get("comm_hook")
     hooks = getattr(owner, "_comm_hooks", None)
     if hooks is None:  # torch 2.1: the state is not kept, so not read
-        return name is None or name in SAME_ON_EVERY_RANK - STATEFUL
+        return name is None or name in OVER_DDPS_GROUP
     for hook, state in hooks:
         if getattr(hook, "__qualname__", None) not in SAME_ON_EVERY_RANK:
             return False
